@@ -1,0 +1,114 @@
+#pragma once
+/// @file communicator.hpp
+/// @brief The `communicator` concept every backend models, and `communicator_ref`, the
+/// non-owning type-erased reference through which components (Bucketer, JoinContext,
+/// BufferReducer, Manager) talk to any backend without being templated on it.
+///
+/// Contract of a model (all collectives are non-blocking and must be called by every rank of
+/// the communicator in the same order):
+/// - `allreduce(tensors, op)`: in place, element-wise over ranks; several tensors are one
+///   coalesced call. All tensors of one call may have different dtypes.
+/// - `broadcast(tensors, root)`: in place, from `root`.
+/// - `allgather(in, out)`: `out.count == in.count * size()`, rank r's `in` lands at `out[r * in.count]`.
+/// - `reduce_scatter(in, out, op)`: `in.count == out.count * size()`; rank r gets block r of the reduction.
+/// - `barrier()`.
+/// - `abort()`: pending work completes with `communication_error`; later calls throw `usage_error`.
+/// Buffers must stay alive and untouched until the returned work completed.
+
+#include <concepts>
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <utility>
+
+#include <ddp/reduce_op.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+template <class C>
+concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> ts, tensor_view a, tensor_view b,
+                                reduce_op op, int root) {
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  { c.allreduce(ts, op) } -> std::same_as<work>;
+  { c.broadcast(ts, root) } -> std::same_as<work>;
+  { c.allgather(a, b) } -> std::same_as<work>;
+  { c.reduce_scatter(a, b, op) } -> std::same_as<work>;
+  { c.barrier() } -> std::same_as<work>;
+  { c.abort() } noexcept;
+};
+
+/// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
+/// outlive every component holding the reference.
+class communicator_ref {
+ public:
+  template <communicator C>
+    requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
+  communicator_ref(C& comm) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
+      : obj_(&comm), vt_(&table_for<C>) {}
+  template <communicator C>
+    requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
+  communicator_ref(C&&) = delete;  // would dangle
+
+  [[nodiscard]] int rank() const { return vt_->rank(obj_); }
+  [[nodiscard]] int size() const { return vt_->size(obj_); }
+
+  work allreduce(std::span<const tensor_view> ts, reduce_op op) const { return vt_->allreduce(obj_, ts, op); }
+  work broadcast(std::span<const tensor_view> ts, int root) const { return vt_->broadcast(obj_, ts, root); }
+  work allgather(tensor_view in, tensor_view out) const { return vt_->allgather(obj_, in, out); }
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) const {
+    return vt_->reduce_scatter(obj_, in, out, op);
+  }
+  work barrier() const { return vt_->barrier(obj_); }
+  void abort() const noexcept { vt_->abort(obj_); }
+
+  /// Single-tensor conveniences over any tensor type.
+  template <class T>
+    requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
+  work allreduce(T& t, reduce_op op) const {
+    const tensor_view v = view(t);
+    return allreduce(std::span<const tensor_view>(&v, 1), op);
+  }
+  template <class T>
+    requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
+  work broadcast(T& t, int root) const {
+    const tensor_view v = view(t);
+    return broadcast(std::span<const tensor_view>(&v, 1), root);
+  }
+
+  /// Identity of the referenced object (two refs to the same communicator compare equal).
+  friend bool operator==(const communicator_ref& a, const communicator_ref& b) noexcept { return a.obj_ == b.obj_; }
+
+ private:
+  struct vtable {
+    int (*rank)(const void*);
+    int (*size)(const void*);
+    work (*allreduce)(void*, std::span<const tensor_view>, reduce_op);
+    work (*broadcast)(void*, std::span<const tensor_view>, int);
+    work (*allgather)(void*, tensor_view, tensor_view);
+    work (*reduce_scatter)(void*, tensor_view, tensor_view, reduce_op);
+    work (*barrier)(void*);
+    void (*abort)(void*) noexcept;
+  };
+
+  template <class C>
+  static constexpr vtable table_for = {
+      [](const void* o) { return static_cast<const C*>(o)->rank(); },
+      [](const void* o) { return static_cast<const C*>(o)->size(); },
+      [](void* o, std::span<const tensor_view> ts, reduce_op op) { return static_cast<C*>(o)->allreduce(ts, op); },
+      [](void* o, std::span<const tensor_view> ts, int root) { return static_cast<C*>(o)->broadcast(ts, root); },
+      [](void* o, tensor_view a, tensor_view b) { return static_cast<C*>(o)->allgather(a, b); },
+      [](void* o, tensor_view a, tensor_view b, reduce_op op) { return static_cast<C*>(o)->reduce_scatter(a, b, op); },
+      [](void* o) { return static_cast<C*>(o)->barrier(); },
+      [](void* o) noexcept { static_cast<C*>(o)->abort(); },
+  };
+
+  void* obj_;
+  const vtable* vt_;
+};
+
+static_assert(communicator<communicator_ref>, "communicator_ref must itself model the concept");
+
+}  // namespace ddp

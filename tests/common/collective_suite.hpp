@@ -1,0 +1,253 @@
+#pragma once
+// Backend-generic collective checks, written once and run over every backend (local threads,
+// MPI processes, gloo processes). They throw `suite_failure` instead of using Catch assertions
+// because the local backend runs them on several threads, where Catch2 v2 is not safe.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ddp/communicator.hpp>
+#include <ddp/detail/host_reduce.hpp>
+
+namespace suite {
+
+struct suite_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define SUITE_EXPECT(cond, msg)                                                                  \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::ostringstream os_;                                                                    \
+      os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg;                     \
+      throw ::suite::suite_failure(os_.str());                                                   \
+    }                                                                                            \
+  } while (0)
+
+inline const std::vector<ddp::dtype>& all_dtypes() {
+  static const std::vector<ddp::dtype> v{ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32, ddp::dtype::f64,
+                                         ddp::dtype::i8,  ddp::dtype::u8,   ddp::dtype::i32, ddp::dtype::i64};
+  return v;
+}
+inline const std::vector<ddp::reduce_op>& all_ops() {
+  static const std::vector<ddp::reduce_op> v{ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min,
+                                             ddp::reduce_op::max, ddp::reduce_op::prod};
+  return v;
+}
+
+/// Rank r's element i: small positive integers, exact in every dtype, products fit in i8 for 4 ranks.
+inline double value(int r, std::size_t i) { return static_cast<double>((static_cast<std::size_t>(r) + i) % 3 + 1); }
+
+/// A host buffer of `n` elements of dtype `t`, filled from doubles.
+struct buffer {
+  ddp::dtype type;
+  std::vector<std::byte> bytes;
+  buffer(ddp::dtype t, std::size_t n) : type(t), bytes(n * ddp::size_of(t)) {}
+  std::size_t count() const { return bytes.size() / ddp::size_of(type); }
+  ddp::tensor_view view() { return {bytes.data(), count(), type, ddp::device::host()}; }
+  void set(std::size_t i, double v) {
+    ddp::detail::convert(ddp::dtype::f64, &v, type, bytes.data() + i * ddp::size_of(type), 1);
+  }
+  double get(std::size_t i) const {
+    double v = 0;
+    ddp::detail::convert(type, bytes.data() + i * ddp::size_of(type), ddp::dtype::f64, &v, 1);
+    return v;
+  }
+};
+
+inline double expected_reduction(ddp::reduce_op op, ddp::dtype t, int size, std::size_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = value(r, i);
+    switch (op) {
+      case ddp::reduce_op::sum:
+      case ddp::reduce_op::avg: acc += v; break;
+      case ddp::reduce_op::prod: acc *= v; break;
+      case ddp::reduce_op::min: acc = std::min(acc, v); break;
+      case ddp::reduce_op::max: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ddp::reduce_op::avg) {
+    acc = ddp::is_floating(t) ? acc / size : std::trunc(acc / size);
+  }
+  return acc;
+}
+
+inline double tolerance(ddp::dtype t) {
+  switch (t) {
+    case ddp::dtype::f16:
+    case ddp::dtype::bf16: return 1e-2;
+    case ddp::dtype::f32: return 1e-6;
+    case ddp::dtype::f64: return 1e-12;
+    default: return 0.0;
+  }
+}
+
+inline void expect_close(double got, double want, ddp::dtype t, const std::string& where) {
+  const double tol = tolerance(t);
+  SUITE_EXPECT(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)),
+               where << ": got " << got << ", want " << want << " (" << ddp::name_of(t) << ")");
+}
+
+/// Every rank must hold the same bytes: allgather them and compare.
+inline void expect_same_bits_everywhere(ddp::communicator_ref comm, const buffer& b, const std::string& where) {
+  std::vector<std::uint8_t> mine(b.bytes.size());
+  std::memcpy(mine.data(), b.bytes.data(), mine.size());
+  std::vector<std::uint8_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
+  comm.allgather(ddp::view(mine), ddp::view(all)).wait();
+  for (int r = 0; r < comm.size(); ++r) {
+    SUITE_EXPECT(std::memcmp(all.data() + static_cast<std::size_t>(r) * mine.size(), mine.data(), mine.size()) == 0,
+                 where << ": rank " << r << " holds different bits from rank " << comm.rank());
+  }
+}
+
+inline void allreduce_every_op_and_dtype(ddp::communicator_ref comm, const std::vector<std::size_t>& sizes) {
+  for (ddp::dtype t : all_dtypes()) {
+    for (ddp::reduce_op op : all_ops()) {
+      for (std::size_t n : sizes) {
+        buffer b(t, n);
+        for (std::size_t i = 0; i < n; ++i) b.set(i, value(comm.rank(), i));
+        const auto v = b.view();
+        comm.allreduce(std::span<const ddp::tensor_view>(&v, 1), op).wait();
+        const std::string where = std::string("allreduce ") + std::string(ddp::name_of(op)) + " " +
+                                  std::string(ddp::name_of(t)) + " n=" + std::to_string(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          expect_close(b.get(i), expected_reduction(op, t, comm.size(), i), t, where + " i=" + std::to_string(i));
+        }
+        expect_same_bits_everywhere(comm, b, where);
+      }
+    }
+  }
+}
+
+inline void allreduce_coalesced_mixed_dtypes(ddp::communicator_ref comm) {
+  std::vector<buffer> bufs;
+  std::size_t n = 1;
+  for (ddp::dtype t : all_dtypes()) {
+    bufs.emplace_back(t, n);
+    for (std::size_t i = 0; i < n; ++i) bufs.back().set(i, value(comm.rank(), i));
+    n = n * 3 + 2;
+  }
+  bufs.emplace_back(ddp::dtype::f32, 0);  // an empty tensor among them
+  std::vector<ddp::tensor_view> views;
+  for (auto& b : bufs) views.push_back(b.view());
+  comm.allreduce(views, ddp::reduce_op::sum).wait();
+  for (auto& b : bufs) {
+    for (std::size_t i = 0; i < b.count(); ++i) {
+      expect_close(b.get(i), expected_reduction(ddp::reduce_op::sum, b.type, comm.size(), i), b.type,
+                   "coalesced allreduce " + std::string(ddp::name_of(b.type)));
+    }
+  }
+}
+
+inline void broadcast_from_every_root(ddp::communicator_ref comm) {
+  for (int root = 0; root < comm.size(); ++root) {
+    std::vector<buffer> bufs;
+    for (ddp::dtype t : {ddp::dtype::f32, ddp::dtype::i64, ddp::dtype::bf16, ddp::dtype::u8}) {
+      bufs.emplace_back(t, 1001);
+      for (std::size_t i = 0; i < 1001; ++i) bufs.back().set(i, value(comm.rank(), i) + 10 * comm.rank());
+    }
+    std::vector<ddp::tensor_view> views;
+    for (auto& b : bufs) views.push_back(b.view());
+    comm.broadcast(views, root).wait();
+    for (auto& b : bufs) {
+      for (std::size_t i = 0; i < b.count(); ++i) {
+        expect_close(b.get(i), value(root, i) + 10 * root, b.type, "broadcast root " + std::to_string(root));
+      }
+    }
+  }
+}
+
+inline void allgather_and_reduce_scatter(ddp::communicator_ref comm) {
+  const auto size = static_cast<std::size_t>(comm.size());
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{4099}}) {
+    std::vector<std::int32_t> in(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>(comm.rank() * 100000 + static_cast<int>(i));
+    std::vector<std::int32_t> out(n * size, -1);
+    comm.allgather(ddp::view(in), ddp::view(out)).wait();
+    for (std::size_t r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < n; ++i) {
+        SUITE_EXPECT(out[r * n + i] == static_cast<std::int32_t>(r * 100000 + i), "allgather n=" << n << " r=" << r);
+      }
+    }
+    std::vector<double> rin(n * size);
+    for (std::size_t i = 0; i < rin.size(); ++i) rin[i] = value(comm.rank(), i);
+    std::vector<double> rout(n, -1.0);
+    comm.reduce_scatter(ddp::view(rin), ddp::view(rout), ddp::reduce_op::sum).wait();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t gi = static_cast<std::size_t>(comm.rank()) * n + i;
+      expect_close(rout[i], expected_reduction(ddp::reduce_op::sum, ddp::dtype::f64, comm.size(), gi), ddp::dtype::f64,
+                   "reduce_scatter n=" + std::to_string(n));
+    }
+  }
+}
+
+inline void barrier_and_many_in_flight(ddp::communicator_ref comm) {
+  comm.barrier().wait();
+  // Many outstanding operations, completed out of issue order.
+  std::vector<std::vector<float>> bufs(16, std::vector<float>(257));
+  std::vector<ddp::work> works;
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    for (auto& x : bufs[k]) x = static_cast<float>(comm.rank() + static_cast<int>(k));
+    works.push_back(comm.allreduce(bufs[k], ddp::reduce_op::sum));
+  }
+  for (std::size_t k = works.size(); k-- > 0;) works[k].wait();
+  const int size = comm.size();
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    const float want = static_cast<float>(size * (size - 1) / 2 + size * static_cast<int>(k));
+    for (float x : bufs[k]) SUITE_EXPECT(x == want, "in-flight allreduce " << k << ": " << x << " != " << want);
+  }
+}
+
+inline void large_allreduce(ddp::communicator_ref comm) {
+  const std::size_t n = (64u << 20) / 4 + 12345;  // > 64 MiB of f32
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(value(comm.rank(), i));
+  comm.allreduce(v, ddp::reduce_op::sum).wait();
+  for (std::size_t i = 0; i < n; i += 4093) {
+    SUITE_EXPECT(v[i] == static_cast<float>(expected_reduction(ddp::reduce_op::sum, ddp::dtype::f32, comm.size(), i)),
+                 "large allreduce at " << i);
+  }
+  SUITE_EXPECT(v[n - 1] == static_cast<float>(expected_reduction(ddp::reduce_op::sum, ddp::dtype::f32, comm.size(), n - 1)),
+               "large allreduce last element");
+}
+
+/// Errors every backend must detect locally, before communicating.
+inline void usage_errors(ddp::communicator_ref comm) {
+  std::vector<float> host(8);
+  ddp::tensor_view on_device = ddp::view(host);
+  on_device.where = ddp::device::cuda(0);
+  bool threw = false;
+  try {
+    comm.allreduce(std::span<const ddp::tensor_view>(&on_device, 1), ddp::reduce_op::sum).wait();
+  } catch (const ddp::usage_error& e) {
+    threw = std::string(e.what()).find("cuda:0") != std::string::npos && e.rank() == comm.rank();
+  }
+  SUITE_EXPECT(threw, "device memory handed to a host backend must raise usage_error naming the device and rank");
+
+  std::vector<float> small(3), big(5);
+  threw = false;
+  try {
+    comm.allgather(ddp::view(small), ddp::view(big)).wait();
+  } catch (const ddp::usage_error&) {
+    threw = true;
+  }
+  SUITE_EXPECT(threw || comm.size() * 3 == 5, "allgather with a wrong output size must raise usage_error");
+}
+
+/// Runs everything except the large case.
+inline void run_all(ddp::communicator_ref comm) {
+  allreduce_every_op_and_dtype(comm, {0, 1, 7, 1000, (1u << 16) + 3});
+  allreduce_coalesced_mixed_dtypes(comm);
+  broadcast_from_every_root(comm);
+  allgather_and_reduce_scatter(comm);
+  barrier_and_many_in_flight(comm);
+  usage_errors(comm);
+}
+
+}  // namespace suite
