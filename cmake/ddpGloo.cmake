@@ -1,0 +1,1 @@
+# gloo backend target (filled in by the gloo work)
