@@ -1,0 +1,182 @@
+#pragma once
+/// @file bucket_layout.hpp
+/// @brief How gradients are grouped into buckets: the description a layout policy sees
+/// (`gradient_info`), what it returns (`bucket_layout`), and the `bucketing_policy` concept.
+///
+/// A policy is a plain type with
+/// - `bucket_layout layout(std::span<const gradient_info>) const`: the layout used from the first
+///   iteration on, and optionally
+/// - `bucket_layout rebuild(std::span<const gradient_info>, std::span<const std::size_t> ready_order) const`:
+///   if present, the Bucketer rebuilds once, after the first synchronised iteration, from the order
+///   in which gradients became ready on rank 0 (broadcast, so every rank builds the same layout).
+/// A policy with `static constexpr bool fixed_layout = true` promises never to rebuild; the
+/// fault-tolerance Manager requires it so that a recovering replica always matches the others.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ddp/device.hpp>
+#include <ddp/dtype.hpp>
+
+namespace ddp {
+
+/// One registered gradient, as layout policies see it.
+struct gradient_info {
+  std::size_t index = 0;  ///< registration index
+  std::size_t count = 0;  ///< elements
+  ddp::dtype type = dtype::f32;
+  ddp::device where = device::host();
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
+};
+
+/// Buckets in launch order; each lists gradient indices in storage order.
+struct bucket_layout {
+  std::vector<std::vector<std::size_t>> buckets;
+
+  friend bool operator==(const bucket_layout&, const bucket_layout&) = default;
+  [[nodiscard]] std::size_t size() const noexcept { return buckets.size(); }
+};
+
+/// Where the small bucket of a size-capped layout goes in launch order.
+enum class small_bucket : unsigned char {
+  first,  ///< launched first: communication starts as early as possible (PyTorch after its rebuild)
+  last,   ///< launched last: the tail of the backward pass waits for as little as possible
+};
+
+template <class P>
+concept bucketing_policy = std::copy_constructible<P> && requires(const P& p, std::span<const gradient_info> g) {
+  { p.layout(g) } -> std::same_as<bucket_layout>;
+};
+
+/// True if policy P rebuilds once from the agreed ready order.
+template <class P>
+concept rebuilding_policy =
+    bucketing_policy<P> && requires(const P& p, std::span<const gradient_info> g, std::span<const std::size_t> order) {
+      { p.rebuild(g, order) } -> std::same_as<bucket_layout>;
+    };
+
+/// True if policy P promises a layout that never changes.
+template <class P>
+concept fixed_layout_policy = bucketing_policy<P> && !rebuilding_policy<P> && requires {
+  requires P::fixed_layout == true;
+};
+
+namespace detail {
+
+/// Checks that `layout` places every gradient exactly once and never mixes dtype or device in a
+/// bucket. Returns a description of the first problem, or nothing.
+inline std::optional<std::string> validate_layout(const bucket_layout& layout, std::span<const gradient_info> grads) {
+  std::vector<int> seen(grads.size(), 0);
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+    const auto& bucket = layout.buckets[b];
+    if (bucket.empty()) return "bucket " + std::to_string(b) + " is empty";
+    const gradient_info& first = grads[bucket.front() < grads.size() ? bucket.front() : 0];
+    for (std::size_t i : bucket) {
+      if (i >= grads.size()) {
+        return "bucket " + std::to_string(b) + " names gradient " + std::to_string(i) + " but only " +
+               std::to_string(grads.size()) + " are registered";
+      }
+      if (++seen[i] > 1) return "gradient " + std::to_string(i) + " is placed in more than one bucket";
+      if (grads[i].type != first.type || grads[i].where != first.where) {
+        return "bucket " + std::to_string(b) + " mixes " + std::string(name_of(first.type)) + " on " +
+               first.where.str() + " with gradient " + std::to_string(i) + " (" +
+               std::string(name_of(grads[i].type)) + " on " + grads[i].where.str() + ")";
+      }
+    }
+  }
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] == 0) return "gradient " + std::to_string(i) + " is in no bucket";
+  }
+  return std::nullopt;
+}
+
+/// 64-bit FNV-1a over a sequence of integers.
+class fingerprint {
+ public:
+  void add(std::uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i) {
+      h_ ^= (v >> (8 * i)) & 0xffu;
+      h_ *= 0x100000001b3ull;
+    }
+  }
+  [[nodiscard]] std::uint64_t value() const noexcept { return h_; }
+
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+/// Fingerprint of the registered gradients and the layout: equal on two ranks iff both registered
+/// the same sizes and dtypes in the same order and grouped them into the same buckets.
+inline std::uint64_t layout_fingerprint(const bucket_layout& layout, std::span<const gradient_info> grads) {
+  fingerprint f;
+  f.add(grads.size());
+  for (const auto& g : grads) {
+    f.add(g.count);
+    f.add(static_cast<std::uint64_t>(g.type));
+  }
+  f.add(layout.buckets.size());
+  for (const auto& b : layout.buckets) {
+    f.add(b.size());
+    for (std::size_t i : b) f.add(i);
+  }
+  return f.value();
+}
+
+/// The size-capped grouping shared by the built-in policies: walks gradients in `order`, keeps one
+/// open bucket per (dtype, device), closes it once it holds at least its limit (so a bucket
+/// overshoots by at most one gradient; a gradient larger than the cap gets a bucket of its own).
+/// The first bucket closed for each (dtype, device) uses `first_limit`, the rest `cap`. Buckets
+/// are returned in the order they close, i.e. the order in which they become ready when gradients
+/// arrive in `order`: that is launch order.
+inline bucket_layout assign_by_size(std::span<const gradient_info> grads, std::span<const std::size_t> order,
+                                    std::size_t first_limit, std::size_t cap) {
+  struct open_bucket {
+    dtype type;
+    device where;
+    std::vector<std::size_t> members;
+    std::size_t bytes = 0;
+    bool first = true;
+  };
+  std::vector<open_bucket> open;
+  bucket_layout out;
+  for (std::size_t i : order) {
+    const gradient_info& g = grads[i];
+    open_bucket* ob = nullptr;
+    for (auto& o : open) {
+      if (o.type == g.type && o.where == g.where) ob = &o;
+    }
+    if (ob == nullptr) {
+      open.push_back({g.type, g.where, {}, 0, true});
+      ob = &open.back();
+    }
+    ob->members.push_back(i);
+    ob->bytes += g.bytes();
+    if (ob->bytes >= (ob->first ? first_limit : cap)) {
+      out.buckets.push_back(std::move(ob->members));
+      ob->members.clear();
+      ob->bytes = 0;
+      ob->first = false;
+    }
+  }
+  // Partly filled buckets close when their last gradient arrives: order them by that position.
+  std::vector<std::size_t> position(grads.size());
+  for (std::size_t p = 0; p < order.size(); ++p) position[order[p]] = p;
+  std::vector<std::vector<std::size_t>> tails;
+  for (auto& o : open) {
+    if (!o.members.empty()) tails.push_back(std::move(o.members));
+  }
+  std::sort(tails.begin(), tails.end(),
+            [&](const auto& a, const auto& b) { return position[a.back()] < position[b.back()]; });
+  for (auto& t : tails) out.buckets.push_back(std::move(t));
+  return out;
+}
+
+}  // namespace detail
+}  // namespace ddp

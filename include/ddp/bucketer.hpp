@@ -1,0 +1,662 @@
+#pragma once
+/// @file bucketer.hpp
+/// @brief `Bucketer<Policy>`: averages gradients across ranks while the backward pass still runs.
+///
+/// Per iteration a trainer calls `mark_ready(i)` as each gradient is computed (from any thread, or
+/// through hooks attached to its own autograd with `attach()`), then `finalize()`, after which every
+/// registered gradient holds the average over ranks. Gradients are grouped into buckets by the
+/// layout `Policy`; a bucket's collective (the comm hook) starts as soon as its last gradient is
+/// ready, buckets launch in layout order on every rank, and overlap works from the first iteration.
+///
+/// Progress: Open MPI does not advance a non-blocking collective between library calls, so every
+/// `mark_ready` tests the oldest in-flight bucket (one `MPI_Test` drives the whole progress engine).
+/// That costs one cheap call per gradient and needs no extra thread, which on small machines would
+/// compete with the backward pass for cores. `finalize()` then waits for what is left.
+///
+/// Collectives per synchronised iteration: one per bucket (through the hook), plus one `u8` max
+/// allreduce of the used-gradient map when `find_unused_parameters` is on. Construction-time
+/// checks cost one allgather (`check_layout`); a rebuilding policy costs one broadcast, once.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/bucket_layout.hpp>
+#include <ddp/bucketing/size_capped.hpp>
+#include <ddp/comm_hook.hpp>
+#include <ddp/communicator.hpp>
+#include <ddp/detail/aligned_buffer.hpp>
+#include <ddp/error.hpp>
+#include <ddp/gradient_hooks.hpp>
+#include <ddp/hooks/allreduce_average.hpp>
+#include <ddp/joinable.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+/// Knobs of a Bucketer that are not about the layout (the layout's knobs live in the policy).
+struct bucketer_options {
+  /// Gradients live inside bucket storage (PyTorch's gradient_as_bucket_view): no copy in or out.
+  /// The trainer writes gradient i into `gradient_view(i)` (valid after `build()`), and is told
+  /// through `on_rebind` if storage moves (a rebuilding policy moves it once).
+  bool zero_copy = false;
+  /// Gradients not marked ready by `finalize()` count as zeros instead of being an error. A gradient
+  /// unused on every rank is left untouched (copy path) or zero (zero-copy path).
+  bool find_unused_parameters = false;
+  /// Compare a fingerprint of the gradients and the layout across ranks in `build()` (one allgather).
+  bool check_layout = true;
+  /// Test the oldest in-flight bucket on every `mark_ready` (see the file comment). Turn off only
+  /// for backends that progress on their own.
+  bool progress_on_mark_ready = true;
+
+  friend bool operator==(const bucketer_options&, const bucketer_options&) = default;
+};
+
+/// What one bucket did in the last synchronised iteration.
+struct bucket_stats {
+  std::size_t bytes = 0;
+  std::size_t gradients = 0;
+  double launched_ms = -1;   ///< since the iteration's first mark_ready (-1: never)
+  double completed_ms = -1;  ///< when completion was first observed
+};
+
+/// What the last synchronised iteration did: read it to see whether communication is hidden.
+struct step_stats {
+  std::uint64_t iteration = 0;     ///< synchronised iterations so far (including this one)
+  std::vector<bucket_stats> buckets;
+  double backward_ms = 0;          ///< first mark_ready to the finalize() call
+  double finalize_wait_ms = 0;     ///< time finalize() spent waiting for collectives
+  std::size_t collectives = 0;     ///< hook launches plus the Bucketer's own collectives
+  bool shadowed = false;           ///< this rank had joined and mirrored the others' collectives
+  bool rebuilt = false;            ///< the layout was rebuilt at the end of this iteration
+};
+
+template <bucketing_policy Policy = bucketing::size_capped>
+class Bucketer {
+ public:
+  using policy_type = Policy;
+
+  /// @param comm    communicator for all of this Bucketer's collectives (must outlive it)
+  /// @param policy  layout policy (its knobs: `{.cap_bytes = 50 << 20}`)
+  explicit Bucketer(communicator_ref comm, Policy policy = {}, bucketer_options options = {})
+      : comm_(comm), policy_(std::move(policy)), opts_(options), divisor_(comm.size()) {}
+
+  Bucketer(const Bucketer&) = delete;  // hooks and bucket views point into this object
+  Bucketer& operator=(const Bucketer&) = delete;
+  /// Removes every attached hook; in-flight collectives are abandoned (never waited on with a
+  /// collective, never thrown from here).
+  ~Bucketer() = default;
+
+  // ---- registration ------------------------------------------------------------------------
+
+  /// Registers a gradient (any tensor type, or a tensor_view); returns its index. Before `build()` only.
+  template <tensor G>
+  std::size_t add(G& gradient) {
+    return add_entry(std::nullopt, view(gradient));
+  }
+  std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient); }
+
+  /// Registers a parameter with its gradient. The parameter is only used when joining ranks
+  /// agree on the final model (broadcast from the last rank to join).
+  template <tensor P, tensor G>
+  std::size_t add(P& parameter, G& gradient) {
+    return add(view(parameter), view(gradient));
+  }
+  std::size_t add(tensor_view parameter, tensor_view gradient) {
+    if (parameter.count != gradient.count || parameter.type != gradient.type) {
+      throw usage_error(comm_.rank(), "Bucketer::add",
+                        "parameter " + std::to_string(entries_.size()) + " has " + std::to_string(parameter.count) +
+                            " " + std::string(name_of(parameter.type)) + " elements but its gradient has " +
+                            std::to_string(gradient.count) + " " + std::string(name_of(gradient.type)));
+    }
+    return add_entry(parameter, gradient);
+  }
+
+  /// Replaces the per-bucket collective (default: `hooks::allreduce_average`). Before `build()`.
+  void register_comm_hook(comm_hook hook) {
+    if (built_) throw usage_error(comm_.rank(), "Bucketer::register_comm_hook", "must be called before build()");
+    if (!hook) throw usage_error(comm_.rank(), "Bucketer::register_comm_hook", "empty hook");
+    hook_ = std::move(hook);
+  }
+
+  /// Called with (index, new view) for every gradient whenever bucket storage is (re)allocated,
+  /// in zero-copy mode: rebind the trainer's gradient tensors there.
+  void on_rebind(std::function<void(std::size_t, tensor_view)> fn) { on_rebind_ = std::move(fn); }
+
+  /// Attaches `mark_ready(i)` to the trainer's autograd for every registered gradient, keyed by
+  /// its index. The hooks are removed when this Bucketer is destroyed (or by `detach()`); the
+  /// registry must outlive the Bucketer.
+  template <gradient_hook_registry R>
+  void attach(R& registry) {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      attached_.emplace_back(registry, i, [this, i] { mark_ready(i); });
+    }
+  }
+  /// Removes every attached hook now.
+  void detach() noexcept { attached_.clear(); }
+  [[nodiscard]] std::size_t attached_hooks() const noexcept { return attached_.size(); }
+
+  /// Computes the layout, allocates buckets and (with `check_layout`) verifies that every rank
+  /// registered the same gradients and built the same layout. Collective: call on every rank.
+  /// Called implicitly by the first `mark_ready` / `finalize` if not called before.
+  void build() {
+    std::lock_guard lk(mutex_);
+    build_locked();
+  }
+
+  // ---- per iteration -----------------------------------------------------------------------
+
+  /// Gradient `i` is final for this iteration. Thread-safe: may be called concurrently for
+  /// different gradients. Launches every bucket that became ready, in layout order.
+  void mark_ready(std::size_t i) {
+    if (i >= entries_.size()) {
+      throw usage_error(comm_.rank(), "Bucketer::mark_ready",
+                        "gradient index " + std::to_string(i) + " out of range: " + std::to_string(entries_.size()) +
+                            " gradients registered");
+    }
+    if (!built_.load(std::memory_order_acquire)) build();
+    if (no_sync_) return;
+    if (!started_.load(std::memory_order_acquire)) note_iteration_start();
+    if (marked_[i].exchange(true)) {
+      throw usage_error(comm_.rank(), "Bucketer::mark_ready",
+                        "gradient " + std::to_string(i) +
+                            " was marked ready twice in one iteration. Typical causes: the parameter is used "
+                            "more than once with reentrant checkpointing, two hooks call mark_ready for it, or "
+                            "finalize() was not called after the previous backward pass");
+    }
+    if (recording_) ready_order_[ready_seen_.fetch_add(1)] = i;
+    const entry& e = entries_[i];
+    if (!opts_.zero_copy && e.gradient.count > 0) {
+      std::memcpy(slot(e).data, e.gradient.data, e.gradient.bytes());
+    }
+    if (pending_[e.bucket].fetch_sub(1) == 1) {
+      std::lock_guard lk(mutex_);
+      launch_ready_locked();
+      progress_locked();
+    } else if (opts_.progress_on_mark_ready) {
+      std::unique_lock lk(mutex_, std::try_to_lock);  // never make a marking thread wait for progress
+      if (lk) progress_locked();
+    }
+  }
+
+  /// End of the backward pass: launches what is left (zeros for unused gradients if enabled),
+  /// waits for every bucket and writes the averaged gradients back. After it returns, all
+  /// registered gradients hold the same bits on every rank.
+  /// @throws usage_error if gradients were never marked (and find_unused_parameters is off), naming them
+  /// @throws communication_error / timeout_error from the collectives
+  void finalize() {
+    if (!built_.load(std::memory_order_acquire)) build();
+    if (no_sync_) {
+      reset_iteration();
+      return;
+    }
+    const auto called = clock::now();
+    std::unique_lock lk(mutex_);
+    reset_on_exit guard{this};
+    current_.backward_ms = started_ ? ms_between(iteration_start_, called) : 0.0;
+    if (!started_) iteration_start_ = called;
+
+    std::vector<std::size_t> unmarked;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (!marked_[i].load()) unmarked.push_back(i);
+    }
+    if (!unmarked.empty() && !opts_.find_unused_parameters) throw_unmarked(unmarked);
+    for (std::size_t i : unmarked) {  // zero contributions for unused gradients
+      const entry& e = entries_[i];
+      if (e.gradient.count > 0) std::memset(slot(e).data, 0, e.gradient.bytes());
+      if (pending_[e.bucket].fetch_sub(1) == 1) launch_ready_locked();
+    }
+    work used_map = launch_used_map(unmarked);
+    wait_all_locked(called);
+    used_map.wait();
+    copy_back();
+    if (rebuild_pending_) rebuild_locked();
+    current_.iteration = ++iterations_;
+    stats_ = current_;
+  }
+
+  /// RAII scope in which iterations only accumulate locally (no communication). The next
+  /// synchronised iteration averages the accumulated gradients.
+  class [[nodiscard]] no_sync_scope {
+   public:
+    explicit no_sync_scope(Bucketer& b) : b_(&b) { b_->no_sync_ = true; }
+    no_sync_scope(const no_sync_scope&) = delete;
+    no_sync_scope& operator=(const no_sync_scope&) = delete;
+    ~no_sync_scope() { b_->no_sync_ = false; }
+
+   private:
+    Bucketer* b_;
+  };
+  no_sync_scope no_sync() {
+    if (started_) {
+      throw usage_error(comm_.rank(), "Bucketer::no_sync",
+                        "entered in the middle of an iteration (gradients were already marked ready)");
+    }
+    return no_sync_scope(*this);
+  }
+  [[nodiscard]] bool syncing() const noexcept { return !no_sync_; }
+
+  // ---- zero-copy access ----------------------------------------------------------------------
+
+  /// Gradient `i`'s place in bucket storage (valid after `build()` until the next rebind).
+  [[nodiscard]] tensor_view gradient_view(std::size_t i) {
+    if (!built_) build();
+    return slot(entries_.at(i));
+  }
+  template <element T>
+  [[nodiscard]] std::span<T> gradient(std::size_t i) {
+    const tensor_view v = gradient_view(i);
+    if (v.type != dtype_v<T>) {
+      throw usage_error(comm_.rank(), "Bucketer::gradient",
+                        "gradient " + std::to_string(i) + " is " + std::string(name_of(v.type)) + ", not " +
+                            std::string(name_of(dtype_v<T>)));
+    }
+    return v.as<T>();
+  }
+
+  // ---- introspection -------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] const bucket_layout& layout() const noexcept { return layout_; }
+  [[nodiscard]] std::uint64_t layout_fingerprint() const noexcept { return fingerprint_; }
+  [[nodiscard]] const step_stats& last_step() const noexcept { return stats_; }
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] const bucketer_options& options() const noexcept { return opts_; }
+  [[nodiscard]] communicator_ref communicator() const noexcept { return comm_; }
+
+  // ---- joinable (see joinable.hpp) -----------------------------------------------------------
+
+  [[nodiscard]] communicator_ref join_communicator() const noexcept { return comm_; }
+  [[nodiscard]] bool join_will_communicate() const noexcept { return !no_sync_; }
+  void join_notified(const join_round& round) noexcept { divisor_ = round.divisor(); }
+
+  /// Join hook: the main hook mirrors one synchronised iteration with zero gradients (same hook,
+  /// same buckets, same order); the post hook broadcasts the registered parameters from the
+  /// authoritative rank so that every rank ends with the same model.
+  class join_hook_type {
+   public:
+    explicit join_hook_type(Bucketer& b) : b_(&b) {}
+    void main_hook(const join_round& round) { b_->shadow_iteration(round); }
+    void post_hook(const join_summary& summary) { b_->broadcast_parameters(summary.authoritative_rank); }
+
+   private:
+    Bucketer* b_;
+  };
+  [[nodiscard]] join_hook_type join_hook(const join_hook_options&) { return join_hook_type(*this); }
+
+  /// Broadcasts every registered parameter from `root` (one coalesced collective). Collective.
+  void broadcast_parameters(int root) {
+    std::vector<tensor_view> params;
+    for (const auto& e : entries_) {
+      if (e.parameter) params.push_back(*e.parameter);
+    }
+    if (params.empty()) return;
+    comm_.broadcast(params, root).wait();
+  }
+
+ private:
+  struct entry {
+    std::optional<tensor_view> parameter;
+    tensor_view gradient;
+    std::size_t bucket = 0;
+    std::size_t offset = 0;  // elements into the bucket
+  };
+  struct bucket {
+    detail::aligned_buffer storage;
+    tensor_view data;
+    std::size_t gradients = 0;
+    work inflight;
+    bool launched = false;
+    bool completed = false;
+  };
+
+  // Resets per-iteration state when finalize() leaves, normally or by exception, so that a
+  // Bucketer whose step failed can be destroyed or used again.
+  struct reset_on_exit {
+    Bucketer* b;
+    ~reset_on_exit() { b->reset_iteration_locked(); }
+  };
+
+  std::size_t add_entry(std::optional<tensor_view> param, tensor_view grad) {
+    const std::size_t i = entries_.size();
+    if (built_) {
+      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " added after build()");
+    }
+    if (!grad.where.is_host()) {
+      throw usage_error(comm_.rank(), "Bucketer::add",
+                        "gradient " + std::to_string(i) + " is on " + grad.where.str() +
+                            "; this version keeps buckets in host memory only");
+    }
+    if (grad.count > 0 && grad.data == nullptr) {
+      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " has no data pointer");
+    }
+    for (std::size_t j = 0; j < entries_.size(); ++j) {
+      if (grad.count > 0 && entries_[j].gradient.data == grad.data) {
+        throw usage_error(comm_.rank(), "Bucketer::add",
+                          "gradient " + std::to_string(i) + " is the same memory as gradient " + std::to_string(j));
+      }
+    }
+    entries_.push_back({param, grad, 0, 0});
+    return i;
+  }
+
+  [[nodiscard]] std::vector<gradient_info> infos() const {
+    std::vector<gradient_info> out;
+    out.reserve(entries_.size());
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      out.push_back({i, entries_[i].gradient.count, entries_[i].gradient.type, entries_[i].gradient.where});
+    }
+    return out;
+  }
+
+  [[nodiscard]] tensor_view slot(const entry& e) const {
+    return buckets_[e.bucket].data.slice(e.offset, e.gradient.count);
+  }
+
+  void build_locked() {
+    if (built_.load()) return;
+    const auto grads = infos();
+    bucket_layout l = policy_.layout(grads);
+    if (auto problem = detail::validate_layout(l, grads)) {
+      throw usage_error(comm_.rank(), "Bucketer::build", "the layout policy returned an invalid layout: " + *problem);
+    }
+    marked_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
+    if constexpr (rebuilding_policy<Policy>) {
+      rebuild_pending_ = true;
+      recording_ = true;
+      ready_order_.assign(entries_.size(), 0);
+    }
+    install_layout(std::move(l), false);
+    if (opts_.check_layout) check_layout_across_ranks();
+    built_.store(true, std::memory_order_release);
+  }
+
+  // Allocates bucket storage for `l` and points every entry at its slot.
+  void install_layout(bucket_layout l, bool keep_values) {
+    std::vector<bucket> fresh(l.buckets.size());
+    std::vector<entry> moved = entries_;
+    for (std::size_t b = 0; b < l.buckets.size(); ++b) {
+      std::size_t elems = 0;
+      for (std::size_t i : l.buckets[b]) {
+        moved[i].bucket = b;
+        moved[i].offset = elems;
+        elems += entries_[i].gradient.count;
+      }
+      const gradient_info first{0, elems, entries_[l.buckets[b].front()].gradient.type, device::host()};
+      fresh[b].storage = detail::aligned_buffer(first.bytes());
+      fresh[b].data = {fresh[b].storage.data(), elems, first.type, device::host()};
+      fresh[b].gradients = l.buckets[b].size();
+    }
+    if (keep_values) {  // zero-copy gradients live in the old storage: carry them over
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        const tensor_view from = slot(entries_[i]);
+        const tensor_view to = fresh[moved[i].bucket].data.slice(moved[i].offset, entries_[i].gradient.count);
+        if (from.count) std::memcpy(to.data, from.data, from.bytes());
+      }
+    }
+    buckets_ = std::move(fresh);
+    entries_ = std::move(moved);
+    layout_ = std::move(l);
+    fingerprint_ = detail::layout_fingerprint(layout_, infos());
+    pending_ = std::make_unique<std::atomic<std::size_t>[]>(buckets_.size());
+    reset_iteration_locked();
+    if (opts_.zero_copy && on_rebind_) {
+      for (std::size_t i = 0; i < entries_.size(); ++i) on_rebind_(i, slot(entries_[i]));
+    }
+  }
+
+  // One allgather of (gradient count, total elements, fingerprint) per rank.
+  void check_layout_across_ranks() {
+    std::size_t elems = 0;
+    for (const auto& e : entries_) elems += e.gradient.count;
+    const auto n = static_cast<std::size_t>(comm_.size());
+    std::vector<std::int64_t> mine{static_cast<std::int64_t>(entries_.size()), static_cast<std::int64_t>(elems),
+                                   static_cast<std::int64_t>(fingerprint_)};
+    std::vector<std::int64_t> all(3 * n);
+    comm_.allgather(view(mine), view(all)).wait();
+    std::string diff;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
+      diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has " +
+              std::to_string(all[3 * r]) + " gradients / " + std::to_string(all[3 * r + 1]) + " elements";
+    }
+    if (!diff.empty()) {
+      throw usage_error(comm_.rank(), "Bucketer::build",
+                        "gradients or bucket layout differ across ranks: this rank has " +
+                            std::to_string(entries_.size()) + " gradients / " + std::to_string(elems) +
+                            " elements; differing: " + diff);
+    }
+  }
+
+  void note_iteration_start() {
+    std::lock_guard lk(mutex_);
+    if (started_.load()) return;
+    iteration_start_ = clock::now();  // read under the mutex only
+    started_.store(true, std::memory_order_release);
+  }
+
+  void launch_ready_locked() {
+    while (next_launch_ < buckets_.size() && pending_[next_launch_].load() == 0) launch_locked(next_launch_++);
+  }
+
+  void launch_locked(std::size_t b) {
+    bucket& bk = buckets_[b];
+    grad_bucket gb{b, buckets_.size(), bk.data, comm_, divisor_, shadowing_};
+    bk.inflight = hook_(gb);
+    bk.launched = true;
+    ++current_.collectives;
+    current_.buckets[b].launched_ms = ms_between(iteration_start_, clock::now());
+  }
+
+  // Tests the oldest incomplete bucket: enough to drive a backend's whole progress engine.
+  void progress_locked() {
+    while (next_complete_ < next_launch_) {
+      bucket& bk = buckets_[next_complete_];
+      bool done = false;
+      try {
+        done = bk.inflight.test();
+      } catch (...) {  // the error stays in the work; finalize() rethrows it
+        return;
+      }
+      if (!done) return;
+      note_completed(next_complete_++);
+    }
+  }
+
+  void note_completed(std::size_t b) {
+    if (buckets_[b].completed) return;
+    buckets_[b].completed = true;
+    current_.buckets[b].completed_ms = ms_between(iteration_start_, clock::now());
+  }
+
+  void wait_all_locked(clock::time_point since) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      if (!buckets_[b].launched) {
+        throw usage_error(comm_.rank(), "Bucketer::finalize",
+                          "bucket " + std::to_string(b) + " could not launch: " +
+                              std::to_string(pending_[b].load()) + " of its gradients were never marked ready");
+      }
+      buckets_[b].inflight.wait();
+      note_completed(b);
+    }
+    current_.finalize_wait_ms = ms_between(since, clock::now());
+  }
+
+  work launch_used_map(const std::vector<std::size_t>& unmarked) {
+    if (!opts_.find_unused_parameters) return work::ready();
+    used_.assign(entries_.size(), 1);
+    for (std::size_t i : unmarked) used_[i] = 0;
+    if (shadowing_) std::fill(used_.begin(), used_.end(), std::uint8_t{0});
+    ++current_.collectives;
+    return comm_.allreduce(used_, reduce_op::max);
+  }
+
+  void copy_back() {
+    if (opts_.zero_copy) return;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const entry& e = entries_[i];
+      if (opts_.find_unused_parameters && used_[i] == 0) continue;  // unused everywhere: leave it alone
+      if (e.gradient.count) std::memcpy(e.gradient.data, slot(e).data, e.gradient.bytes());
+    }
+  }
+
+  // Every rank broadcasts rank 0's observed ready order (completed with the registration order
+  // reversed for gradients rank 0 never saw), then builds the policy's layout from it.
+  void rebuild_locked() {
+    if constexpr (rebuilding_policy<Policy>) {
+      const std::size_t n = entries_.size();
+      std::vector<std::int64_t> order(n, -1);
+      if (comm_.rank() == 0) {
+        std::vector<bool> seen(n, false);
+        std::size_t k = 0;
+        const std::size_t recorded = std::min(ready_seen_.load(), n);
+        for (std::size_t p = 0; p < recorded; ++p) {
+          order[k++] = static_cast<std::int64_t>(ready_order_[p]);
+          seen[ready_order_[p]] = true;
+        }
+        for (std::size_t i = n; i-- > 0;) {
+          if (!seen[i]) order[k++] = static_cast<std::int64_t>(i);
+        }
+      }
+      comm_.broadcast(order, 0).wait();
+      ++current_.collectives;
+      std::vector<std::size_t> agreed(n);
+      std::vector<bool> seen(n, false);
+      for (std::size_t p = 0; p < n; ++p) {
+        const auto v = order[p];
+        if (v < 0 || static_cast<std::size_t>(v) >= n || seen[static_cast<std::size_t>(v)]) {
+          throw mismatch_error(comm_.rank(), "Bucketer rebuild",
+                               "the ready order broadcast by rank 0 is not a permutation of this rank's " +
+                                   std::to_string(n) + " gradients");
+        }
+        seen[static_cast<std::size_t>(v)] = true;
+        agreed[p] = static_cast<std::size_t>(v);
+      }
+      const auto grads = infos();
+      bucket_layout l = policy_.rebuild(grads, agreed);
+      if (auto problem = detail::validate_layout(l, grads)) {
+        throw usage_error(comm_.rank(), "Bucketer rebuild", "the layout policy returned an invalid layout: " + *problem);
+      }
+      rebuild_pending_ = false;
+      recording_ = false;
+      current_.rebuilt = true;
+      if (!(l == layout_)) {
+        const step_stats finished = current_;  // the iteration that just ran keeps its statistics
+        install_layout(std::move(l), opts_.zero_copy);
+        current_ = finished;
+      }
+    }
+  }
+
+  // A joined rank's half of one synchronised iteration.
+  void shadow_iteration(const join_round& round) {
+    if (!built_.load()) build();
+    std::unique_lock lk(mutex_);
+    reset_on_exit guard{this};
+    divisor_ = round.divisor();
+    shadowing_ = true;
+    iteration_start_ = clock::now();
+    current_.shadowed = true;
+    for (auto& b : buckets_) {
+      if (b.data.count) std::memset(b.data.data, 0, b.data.bytes());
+    }
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b].store(0);
+    launch_ready_locked();
+    work used_map = launch_used_map({});
+    wait_all_locked(iteration_start_);
+    used_map.wait();
+    if (rebuild_pending_) rebuild_locked();
+    current_.iteration = ++iterations_;
+    stats_ = current_;
+  }
+
+  [[noreturn]] void throw_unmarked(const std::vector<std::size_t>& unmarked) const {
+    std::string list;
+    for (std::size_t k = 0; k < unmarked.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(unmarked[k]);
+    if (unmarked.size() > 10) list += ", ...";
+    throw usage_error(comm_.rank(), "Bucketer::finalize",
+                      std::to_string(unmarked.size()) + " of " + std::to_string(entries_.size()) +
+                          " gradients were never marked ready (indices " + list +
+                          "); if some parameters go unused in some iterations, set find_unused_parameters");
+  }
+
+  void reset_iteration() {
+    std::lock_guard lk(mutex_);
+    reset_iteration_locked();
+  }
+
+  void reset_iteration_locked() noexcept {
+    for (std::size_t i = 0; i < entries_.size() && marked_; ++i) marked_[i].store(false);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      pending_[b].store(buckets_[b].gradients);
+      buckets_[b].inflight = work();
+      buckets_[b].launched = false;
+      buckets_[b].completed = false;
+    }
+    next_launch_ = 0;
+    next_complete_ = 0;
+    started_ = false;
+    shadowing_ = false;
+    divisor_ = comm_.size();
+    ready_seen_ = 0;
+    current_ = step_stats{};
+    current_.buckets.resize(buckets_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      current_.buckets[b].bytes = buckets_[b].data.bytes();
+      current_.buckets[b].gradients = buckets_[b].gradients;
+    }
+  }
+
+  static double ms_between(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+
+  communicator_ref comm_;
+  Policy policy_;
+  bucketer_options opts_;
+  comm_hook hook_ = hooks::allreduce_average{};
+  std::function<void(std::size_t, tensor_view)> on_rebind_;
+
+  std::vector<entry> entries_;
+  bucket_layout layout_;
+  std::vector<bucket> buckets_;
+  std::uint64_t fingerprint_ = 0;
+  std::unique_ptr<std::atomic<std::size_t>[]> pending_;  // gradients still to come, per bucket
+  std::unique_ptr<std::atomic<bool>[]> marked_;          // per gradient, this iteration
+  std::vector<std::uint8_t> used_;                       // used-gradient map (find_unused_parameters)
+
+  std::mutex mutex_;  // guards launching, progress and the in-flight work handles
+  std::atomic<bool> built_{false};
+  std::atomic<bool> started_{false};
+  bool no_sync_ = false;
+  bool shadowing_ = false;
+  int divisor_;
+  std::size_t next_launch_ = 0;
+  std::size_t next_complete_ = 0;
+  clock::time_point iteration_start_{};
+  std::uint64_t iterations_ = 0;
+
+  bool rebuild_pending_ = false;
+  bool recording_ = false;
+  std::vector<std::size_t> ready_order_;
+  std::atomic<std::size_t> ready_seen_{0};
+
+  std::vector<attached_hook> attached_;  // destroyed before the state its hooks use
+  step_stats current_;
+  step_stats stats_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,385 @@
+#pragma once
+// Bucketer behaviour, written once against communicator_ref and run over the local backend
+// (threads) and MPI (processes). Failures throw suite::suite_failure (see collective_suite.hpp).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
+#include <ddp/bucketing/rebuild_once.hpp>
+#include <ddp/bucketing/size_capped.hpp>
+#include <ddp/hooks/compress.hpp>
+
+#include "../common/collective_suite.hpp"
+#include "../common/toy_autograd.hpp"
+
+namespace bucketer_cases {
+
+using suite::buffer;
+
+// Rank r's gradient g element k: exact in every dtype (including f16/bf16), differs by rank.
+inline double grad_value(int r, std::size_t g, std::size_t k) {
+  return static_cast<double>((static_cast<std::size_t>(r) * 3 + g + k) % 7) + 0.5 * (r % 2);
+}
+
+// What rank-average of grad_value gives for a gradient of dtype t (integers truncate toward zero).
+inline double expected_average(ddp::dtype t, int size, std::size_t g, std::size_t k) {
+  double sum = 0;
+  for (int r = 0; r < size; ++r) {
+    const double v = grad_value(r, g, k);
+    sum += ddp::is_floating(t) ? v : std::trunc(v);  // integer gradients hold the truncated value
+  }
+  return ddp::is_floating(t) ? sum / size : std::trunc(sum / size);
+}
+
+struct model {
+  std::vector<buffer> grads;
+  explicit model(const std::vector<std::pair<ddp::dtype, std::size_t>>& shapes) {
+    for (auto [t, n] : shapes) grads.emplace_back(t, n);
+  }
+  void fill(int rank) {
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+      for (std::size_t k = 0; k < grads[g].count(); ++k) grads[g].set(k, grad_value(rank, g, k));
+    }
+  }
+  void check_average(ddp::communicator_ref comm, const std::string& where) {
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+      for (std::size_t k = 0; k < grads[g].count(); ++k) {
+        suite::expect_close(grads[g].get(k), expected_average(grads[g].type, comm.size(), g, k), grads[g].type,
+                            where + " gradient " + std::to_string(g) + "[" + std::to_string(k) + "]");
+      }
+      suite::expect_same_bits_everywhere(comm, grads[g], where + " gradient " + std::to_string(g));
+    }
+  }
+};
+
+// Mixed dtypes, a tiny and an empty tensor, tensors larger than the cap.
+inline std::vector<std::pair<ddp::dtype, std::size_t>> mixed_shapes() {
+  using ddp::dtype;
+  return {{dtype::f32, 1000}, {dtype::f64, 7},  {dtype::f16, 300}, {dtype::bf16, 300}, {dtype::i32, 10},
+          {dtype::i64, 3},    {dtype::f32, 1},  {dtype::f32, 0},   {dtype::f32, 5000}, {dtype::f16, 4000},
+          {dtype::f32, 17},   {dtype::i8, 33},  {dtype::u8, 9},    {dtype::f64, 800}};
+}
+
+// Marks every gradient in a rank-dependent shuffled order from `threads` threads at once.
+template <class B>
+void mark_all_shuffled(B& bucketer, int rank, unsigned seed, int threads) {
+  std::vector<std::size_t> order(bucketer.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 rng(seed * 977u + static_cast<unsigned>(rank));
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::thread> pool;
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      try {
+        for (std::size_t p; (p = next.fetch_add(1)) < order.size();) bucketer.mark_ready(order[p]);
+      } catch (...) {
+        std::lock_guard lk(error_mutex);
+        error = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+inline void average_mixed_dtypes(ddp::communicator_ref comm) {
+  for (bool zero_copy : {false, true}) {
+    model m(mixed_shapes());
+    ddp::Bucketer<ddp::bucketing::size_capped> b(comm, {.cap_bytes = 4096, .small_bucket_bytes = 1024},
+                                                 {.zero_copy = zero_copy});
+    for (auto& g : m.grads) b.add(g.view());
+    b.build();
+    SUITE_EXPECT(b.layout().size() > 4, "expected several buckets, got " << b.layout().size());
+    for (unsigned it = 0; it < 3; ++it) {
+      m.fill(comm.rank());
+      if (zero_copy) {  // the trainer writes its gradients straight into bucket storage
+        for (std::size_t g = 0; g < m.grads.size(); ++g) {
+          const auto v = b.gradient_view(g);
+          if (v.count) std::memcpy(v.data, m.grads[g].bytes.data(), v.bytes());
+        }
+      }
+      mark_all_shuffled(b, comm.rank(), it, 2);
+      b.finalize();
+      if (zero_copy) {
+        for (std::size_t g = 0; g < m.grads.size(); ++g) {
+          const auto v = b.gradient_view(g);
+          if (v.count) std::memcpy(m.grads[g].bytes.data(), v.data, v.bytes());
+        }
+      }
+      m.check_average(comm, std::string(zero_copy ? "zero-copy" : "copy") + " iteration " + std::to_string(it));
+      const auto& st = b.last_step();
+      SUITE_EXPECT(st.buckets.size() == b.layout().size(), "stats per bucket");
+      SUITE_EXPECT(st.collectives == b.layout().size(), "one collective per bucket, got " << st.collectives);
+      for (const auto& bs : st.buckets) SUITE_EXPECT(bs.launched_ms >= 0 && bs.completed_ms >= bs.launched_ms, "timings");
+      SUITE_EXPECT(st.iteration == it + 1, "iteration count");
+    }
+  }
+}
+
+// Launch order is layout order on every rank, whatever order gradients become ready in.
+inline void launch_order_and_custom_hook(ddp::communicator_ref comm) {
+  model m({{ddp::dtype::f32, 300}, {ddp::dtype::f32, 300}, {ddp::dtype::f32, 300}, {ddp::dtype::f32, 300}});
+  ddp::Bucketer b(comm, ddp::bucketing::size_capped{.cap_bytes = 1000, .small_bucket_bytes = 1000});
+  std::vector<std::size_t> launched;
+  // A hook that routes every bucket through another object (as the fault-tolerance manager will).
+  struct router {
+    std::vector<std::size_t>* log;
+    ddp::work operator()(ddp::grad_bucket& bucket) const {
+      log->push_back(bucket.index);
+      return ddp::hooks::allreduce_average{}(bucket);
+    }
+  };
+  b.register_comm_hook(router{&launched});
+  for (auto& g : m.grads) b.add(g.view());
+  for (unsigned it = 0; it < 3; ++it) {
+    m.fill(comm.rank());
+    // reverse on odd ranks, forward on even ranks
+    for (std::size_t k = 0; k < b.size(); ++k) b.mark_ready(comm.rank() % 2 ? b.size() - 1 - k : k);
+    b.finalize();
+    m.check_average(comm, "custom hook");
+  }
+  SUITE_EXPECT(b.layout().size() == 4, "one bucket per 1200-byte gradient with a 1000-byte cap");
+  std::vector<std::size_t> want;
+  for (int it = 0; it < 3; ++it)
+    for (std::size_t k = 0; k < 4; ++k) want.push_back(k);
+  SUITE_EXPECT(launched == want, "buckets must launch in layout order on every rank");
+}
+
+inline void compression_hooks(ddp::communicator_ref comm) {
+  for (int which = 0; which < 2; ++which) {
+    std::vector<float> g(2000);
+    std::vector<double> h(100);
+    ddp::Bucketer b(comm, ddp::bucketing::size_capped{});
+    if (which == 0) {
+      b.register_comm_hook(ddp::hooks::fp16_compress{});
+    } else {
+      b.register_comm_hook(ddp::hooks::bf16_compress{});
+    }
+    b.add(g);
+    b.add(h);
+    for (int it = 0; it < 2; ++it) {
+      for (std::size_t k = 0; k < g.size(); ++k) g[k] = static_cast<float>(grad_value(comm.rank(), 0, k) * 0.01);
+      for (std::size_t k = 0; k < h.size(); ++k) h[k] = grad_value(comm.rank(), 1, k) * 1000.0;  // large values
+      b.mark_ready(0);
+      b.mark_ready(1);
+      b.finalize();
+      for (std::size_t k = 0; k < g.size(); ++k) {
+        const double want = expected_average(ddp::dtype::f32, comm.size(), 0, k) * 0.01;
+        SUITE_EXPECT(std::abs(g[k] - want) <= 2e-2 * std::max(std::abs(want), 1e-2),
+                     (which ? "bf16" : "fp16") << " compress g[" << k << "] = " << g[k] << ", want " << want);
+      }
+      for (std::size_t k = 0; k < h.size(); ++k) {
+        const double want = expected_average(ddp::dtype::f64, comm.size(), 1, k) * 1000.0;
+        SUITE_EXPECT(std::abs(h[k] - want) <= 2e-2 * std::max(std::abs(want), 1.0), "compressed f64 h[" << k << "]");
+      }
+      buffer gb(ddp::dtype::f32, g.size());
+      std::memcpy(gb.bytes.data(), g.data(), g.size() * 4);
+      suite::expect_same_bits_everywhere(comm, gb, "compressed gradients");
+    }
+  }
+}
+
+// Rank 0 never uses gradient 1; nobody uses gradient 2.
+inline void unused_parameters(ddp::communicator_ref comm) {
+  std::vector<std::vector<float>> g(4, std::vector<float>(50));
+  ddp::Bucketer b(comm, ddp::bucketing::size_capped{.cap_bytes = 100, .small_bucket_bytes = 100},
+                  {.find_unused_parameters = true});
+  for (auto& x : g) b.add(x);
+  for (int it = 0; it < 2; ++it) {
+    for (std::size_t i = 0; i < 4; ++i) std::fill(g[i].begin(), g[i].end(), static_cast<float>(comm.rank() + 1 + i));
+    std::fill(g[2].begin(), g[2].end(), 42.0f);
+    b.mark_ready(3);
+    if (comm.rank() != 0) b.mark_ready(1);
+    b.mark_ready(0);
+    b.finalize();
+    const int n = comm.size();
+    const float avg0 = static_cast<float>(n * (n + 1) / 2) / static_cast<float>(n);  // sum (r+1) / n
+    float sum1 = 0;
+    for (int r = 1; r < n; ++r) sum1 += static_cast<float>(r + 2);
+    SUITE_EXPECT(g[0][7] == avg0, "used everywhere: " << g[0][7] << " != " << avg0);
+    if (n > 1) {
+      SUITE_EXPECT(std::abs(g[1][7] - sum1 / static_cast<float>(n)) < 1e-6f,
+                   "unused on rank 0 counts as zero there: " << g[1][7] << " != " << sum1 / static_cast<float>(n));
+    } else {
+      SUITE_EXPECT(g[1][7] == 2.0f, "unused on the only rank: left untouched");
+    }
+    SUITE_EXPECT(g[2][7] == 42.0f, "unused on every rank: gradient left untouched, got " << g[2][7]);
+    SUITE_EXPECT(b.last_step().collectives == b.layout().size() + 1, "buckets + one used-map allreduce");
+  }
+}
+
+inline void no_sync_accumulation(ddp::communicator_ref comm) {
+  std::vector<double> g(64, 0.0);
+  ddp::Bucketer b(comm);
+  std::size_t launches = 0;
+  b.register_comm_hook([&](ddp::grad_bucket& bucket) {
+    ++launches;
+    return ddp::hooks::allreduce_average{}(bucket);
+  });
+  b.add(g);
+  {
+    auto scope = b.no_sync();
+    for (int micro = 0; micro < 2; ++micro) {
+      for (double& x : g) x += comm.rank() + 1;  // the trainer's autograd accumulates
+      b.mark_ready(0);
+      b.finalize();
+    }
+  }
+  SUITE_EXPECT(launches == 0, "no communication inside no_sync");
+  for (double& x : g) x += comm.rank() + 1;
+  b.mark_ready(0);
+  b.finalize();
+  SUITE_EXPECT(launches == 1, "one launch in the synced step");
+  const double want = 3.0 * (comm.size() + 1) / 2.0;  // mean over ranks of 3 (r + 1)
+  SUITE_EXPECT(std::abs(g[5] - want) < 1e-12, "accumulated average " << g[5] << " != " << want);
+}
+
+// Rebuild from rank 0's ready order: every rank ends with the same layout, built from that order.
+inline void rebuild_from_ready_order(ddp::communicator_ref comm) {
+  for (bool zero_copy : {false, true}) {
+    model m({{ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}});
+    const ddp::bucketing::rebuild_once policy{.cap_bytes = 800, .small_bucket_bytes = 400};
+    ddp::Bucketer b(comm, policy, {.zero_copy = zero_copy});
+    std::vector<ddp::tensor_view> views(m.grads.size());
+    std::size_t rebinds = 0;
+    b.on_rebind([&](std::size_t i, ddp::tensor_view v) {
+      views[i] = v;
+      ++rebinds;
+    });
+    for (auto& g : m.grads) b.add(g.view());
+    b.build();
+    const auto initial = b.layout();
+    const std::vector<std::size_t> rank0_order{2, 0, 5, 1, 4, 3};
+    for (int it = 0; it < 3; ++it) {
+      m.fill(comm.rank());
+      if (zero_copy) {
+        for (std::size_t g = 0; g < m.grads.size(); ++g) std::memcpy(views[g].data, m.grads[g].bytes.data(), 400);
+      }
+      std::vector<std::size_t> order = rank0_order;
+      if (comm.rank() != 0) std::reverse(order.begin(), order.end());  // others see another order
+      for (std::size_t i : order) b.mark_ready(i);
+      b.finalize();
+      if (zero_copy) {
+        for (std::size_t g = 0; g < m.grads.size(); ++g) std::memcpy(m.grads[g].bytes.data(), views[g].data, 400);
+      }
+      m.check_average(comm, "rebuild iteration " + std::to_string(it));
+      SUITE_EXPECT(b.last_step().rebuilt == (it == 0), "rebuilt exactly once, after the first iteration");
+    }
+    std::vector<ddp::gradient_info> infos;
+    for (std::size_t i = 0; i < 6; ++i) infos.push_back({i, 100, ddp::dtype::f32, ddp::device::host()});
+    const auto want = policy.rebuild(infos, rank0_order);
+    SUITE_EXPECT(b.layout() == want, "layout must follow rank 0's ready order");
+    SUITE_EXPECT(!(initial == want), "test needs a layout that changes");
+    if (zero_copy) SUITE_EXPECT(rebinds == 12, "each gradient rebound at build and at rebuild, got " << rebinds);
+    std::vector<std::int64_t> fp{static_cast<std::int64_t>(b.layout_fingerprint())};
+    std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+    comm.allgather(ddp::view(fp), ddp::view(all)).wait();
+    for (auto f : all) SUITE_EXPECT(f == fp[0], "layout fingerprint equal on every rank");
+  }
+}
+
+template <class F>
+void expect_usage_error(F&& f, const std::string& needle, const std::string& what) {
+  try {
+    f();
+  } catch (const ddp::usage_error& e) {
+    SUITE_EXPECT(std::string(e.what()).find(needle) != std::string::npos,
+                 what << ": message '" << e.what() << "' lacks '" << needle << "'");
+    return;
+  }
+  SUITE_EXPECT(false, what << ": no usage_error thrown");
+}
+
+inline void misuse_errors(ddp::communicator_ref comm) {
+  std::vector<float> a(10), c(10);
+  {
+    ddp::Bucketer b(comm);
+    b.add(a);
+    b.add(c);
+    expect_usage_error([&] { b.mark_ready(2); }, "out of range", "index out of range");
+    b.mark_ready(0);
+    expect_usage_error([&] { b.mark_ready(0); }, "marked ready twice", "double mark");
+    expect_usage_error([&] { b.finalize(); }, "indices 1", "finalize before all marked");
+    expect_usage_error([&] { b.add(a); }, "after build", "add after build");
+  }
+  {
+    ddp::Bucketer b(comm);
+    b.add(a);
+    expect_usage_error([&] { b.add(a); }, "same memory as gradient 0", "gradient registered twice");
+  }
+  {
+    std::vector<float> extra(3);
+    ddp::Bucketer b(comm);
+    b.add(a);
+    if (comm.rank() == comm.size() - 1 && comm.size() > 1) b.add(extra);
+    if (comm.size() > 1) {
+      expect_usage_error([&] { b.build(); }, "differ across ranks", "layout mismatch across ranks");
+    }
+  }
+  {
+    ddp::bucketing::fixed bad;
+    bad.explicit_layout.buckets = {{0}, {0}};
+    ddp::Bucketer b(comm, bad);
+    b.add(a);
+    expect_usage_error([&] { b.build(); }, "more than one bucket", "invalid explicit layout");
+  }
+}
+
+// Seed 000: destroy the communicator, build a new one and a new Bucketer over the same parameters,
+// ten times; the eleventh step is correct and nothing earlier is still attached. `make_comm(cycle)`
+// returns a fresh communicator object; `end_comm(comm)` aborts/destroys it.
+template <class MakeComm>
+void recreate_ten_times(int rank, MakeComm&& make_comm) {
+  constexpr std::size_t params = 5;
+  std::vector<std::vector<float>> grads(params, std::vector<float>(33));
+  toy::autograd autograd(params);
+  for (int cycle = 0; cycle <= 10; ++cycle) {
+    auto comm = make_comm(cycle);
+    ddp::communicator_ref ref(comm);
+    {
+      ddp::Bucketer b(ref, ddp::bucketing::size_capped{.cap_bytes = 200, .small_bucket_bytes = 100});
+      for (auto& g : grads) b.add(g);
+      b.attach(autograd);
+      SUITE_EXPECT(autograd.live_hooks() == params, "cycle " << cycle << ": " << autograd.live_hooks() << " hooks");
+      for (std::size_t p = 0; p < params; ++p) SUITE_EXPECT(autograd.hooks_on(p) == 1, "one hook per parameter");
+      for (std::size_t p = 0; p < params; ++p) {
+        std::fill(grads[p].begin(), grads[p].end(), static_cast<float>((rank + 1) * (cycle + 1) + p));
+      }
+      for (std::size_t p = params; p-- > 0;) autograd.gradient_ready(p);  // the "backward pass"
+      b.finalize();
+      const int n = ref.size();
+      for (std::size_t p = 0; p < params; ++p) {
+        const float want = static_cast<float>((cycle + 1) * (n + 1)) / 2.0f + static_cast<float>(p);
+        SUITE_EXPECT(std::abs(grads[p][0] - want) < 1e-5f, "cycle " << cycle << " param " << p << ": " << grads[p][0]
+                                                                    << " != " << want);
+      }
+    }
+    SUITE_EXPECT(autograd.live_hooks() == 0, "destroying the Bucketer removes its hooks (cycle " << cycle << ")");
+    ref.abort();  // the "failure": tear the communicator down
+  }
+}
+
+inline void run_all(ddp::communicator_ref comm) {
+  average_mixed_dtypes(comm);
+  launch_order_and_custom_hook(comm);
+  compression_hooks(comm);
+  unused_parameters(comm);
+  no_sync_accumulation(comm);
+  rebuild_from_ready_order(comm);
+  misuse_errors(comm);
+}
+
+}  // namespace bucketer_cases

@@ -1,0 +1,84 @@
+#include <catch2/catch.hpp>
+#include <ddp/local/communicator.hpp>
+
+#include "bucketer_cases.hpp"
+
+namespace {
+template <class F>
+void on_ranks(int n, F&& f) {
+  ddp::local::options opts;
+  opts.timeout = std::chrono::seconds(20);
+  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+}
+}  // namespace
+
+TEST_CASE("Bucketer over local ranks: averages, layouts, hooks, unused, no_sync, rebuild, errors", "[local][bucketer]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { bucketer_cases::run_all(c); }));
+  }
+}
+
+TEST_CASE("Bucketer: a user-written layout policy", "[local][bucketer]") {
+  struct one_per_gradient {
+    ddp::bucket_layout layout(std::span<const ddp::gradient_info> g) const {
+      ddp::bucket_layout l;
+      for (const auto& x : g) l.buckets.push_back({x.index});
+      return l;
+    }
+  };
+  REQUIRE_NOTHROW(on_ranks(3, [](ddp::communicator_ref c) {
+    std::vector<std::vector<float>> g(5, std::vector<float>(4));
+    ddp::Bucketer<one_per_gradient> b(c);
+    for (auto& x : g) b.add(x);
+    for (auto& x : g) std::fill(x.begin(), x.end(), static_cast<float>(c.rank()));
+    for (std::size_t i = 0; i < 5; ++i) b.mark_ready(i);
+    b.finalize();
+    SUITE_EXPECT(b.layout().size() == 5, "one bucket per gradient");
+    for (auto& x : g) SUITE_EXPECT(x[0] == 1.0f, "mean of 0,1,2");
+  }));
+}
+
+TEST_CASE("Bucketer: ten re-creations over new communicators leave nothing attached (seed 000)", "[local][bucketer]") {
+  for (int n : {2, 3}) {
+    std::vector<ddp::local::world> worlds;
+    for (int c = 0; c <= 10; ++c) worlds.emplace_back(n);
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          bucketer_cases::recreate_ten_times(r, [&](int cycle) { return worlds[static_cast<std::size_t>(cycle)].rank(r); });
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) CHECK(e.empty());
+  }
+}
+
+TEST_CASE("Bucketer: a failed step does not hang and the Bucketer can be destroyed", "[local][bucketer][fault]") {
+  ddp::local::options opts;
+  opts.timeout = std::chrono::seconds(5);
+  opts.faults = {ddp::local::fault::fail_at(1, 2)};  // rank 1 dies at its third collective
+  std::atomic<int> errors{0};
+  ddp::local::run(
+      3,
+      [&](ddp::local::communicator& c) {
+        std::vector<std::vector<float>> g(6, std::vector<float>(100, 1.0f));
+        ddp::Bucketer b(c, ddp::bucketing::size_capped{.cap_bytes = 400, .small_bucket_bytes = 400});
+        for (auto& x : g) b.add(x);
+        try {
+          for (int it = 0; it < 3; ++it) {
+            for (std::size_t i = 0; i < g.size(); ++i) b.mark_ready(i);
+            b.finalize();
+          }
+        } catch (const ddp::communication_error&) {
+          ++errors;
+        }
+      },
+      opts);
+  CHECK(errors == 3);
+}
