@@ -1,0 +1,57 @@
+#pragma once
+/// @file error.hpp
+/// @brief Translation of NCCL and CUDA status codes into ddp exceptions. Every NCCL and CUDA
+/// call of the backend goes through `check_nccl` / `check_cuda`, so a failure always names the
+/// rank, the ddp operation and the library call, with the library's own explanation.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+#include <string_view>
+
+#include <ddp/error.hpp>
+
+namespace ddp::nccl {
+
+/// The exception for a failed NCCL call: "<call> failed: <ncclGetErrorString> (ncclResult_t N);
+/// last NCCL error: <ncclGetLastError>".
+/// @param comm  communicator the call used, or null (NCCL then reports its last global error)
+[[nodiscard]] inline communication_error make_nccl_error(ncclResult_t result, int rank, std::string operation,
+                                                         std::string_view call, ncclComm_t comm = nullptr) {
+  std::string message = std::string(call) + " failed: " + ncclGetErrorString(result) + " (ncclResult_t " +
+                        std::to_string(static_cast<int>(result)) + ")";
+  // The last-error text is NCCL's detailed reason ("Cuda failure 'out of memory'", "remote process
+  // exited", ...); it is not cleared between calls, so it is reported as context, not as the cause.
+  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') {
+    message += "; last NCCL error: ";
+    message += last;
+  }
+  return {rank, std::move(operation), message};
+}
+
+/// The exception for a failed CUDA runtime call: "<call> failed: cudaErrorX: <cudaGetErrorString>".
+[[nodiscard]] inline communication_error make_cuda_error(cudaError_t status, int rank, std::string operation,
+                                                         std::string_view call) {
+  return {rank, std::move(operation),
+          std::string(call) + " failed: " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status)};
+}
+
+/// Throws `make_nccl_error(...)` unless `result` is `ncclSuccess`.
+/// @throws communication_error
+inline void check_nccl(ncclResult_t result, int rank, std::string_view operation, std::string_view call,
+                       ncclComm_t comm = nullptr) {
+  if (result != ncclSuccess) throw make_nccl_error(result, rank, std::string(operation), call, comm);
+}
+
+/// Throws `make_cuda_error(...)` unless `status` is `cudaSuccess`. Clears CUDA's last-error slot
+/// first, so a later unrelated `cudaGetLastError()` does not report this failure again.
+/// @throws communication_error
+inline void check_cuda(cudaError_t status, int rank, std::string_view operation, std::string_view call) {
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw make_cuda_error(status, rank, std::string(operation), call);
+  }
+}
+
+}  // namespace ddp::nccl
