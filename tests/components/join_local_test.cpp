@@ -1,0 +1,132 @@
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include <catch2/catch.hpp>
+#include <ddp/local/communicator.hpp>
+
+#include "join_cases.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+template <class F>
+void on_ranks(int n, F&& f, std::chrono::milliseconds timeout = 20s) {
+  ddp::local::options opts;
+  opts.timeout = timeout;
+  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+}
+
+// Runs one seed-004 configuration on n ranks; returns each rank's error text ("" = finished).
+std::vector<std::string> run_case(int n, join_cases::train_options o, bool checked) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  on_ranks(
+      n,
+      [&](ddp::communicator_ref c) {
+        ddp::checked_communicator chk(c, {.timeout = 400ms});
+        try {
+          if (checked) {
+            (void)join_cases::train(chk, o);
+          } else {
+            (void)join_cases::train(c, o);
+          }
+        } catch (const ddp::error& e) {
+          errors[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      },
+      400ms);
+  return errors;
+}
+}  // namespace
+
+TEST_CASE("JoinContext over local ranks", "[local][join]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::run_all(c); }));
+  }
+}
+
+TEST_CASE("JoinContext works through the checked communicator too", "[local][join]") {
+  REQUIRE_NOTHROW(on_ranks(3, [](ddp::communicator_ref c) {
+    ddp::checked_communicator chk(c);
+    join_cases::join_uneven_inputs(chk);
+  }));
+}
+
+TEST_CASE("seed 004 case 4: a barrier inside the join loop is a mismatch on every rank", "[local][join][seed004]") {
+  for (int n : {2, 3}) {
+    for (bool checked : {true, false}) {
+      INFO("ranks " << n << (checked ? " checked" : " local backend's own check"));
+      join_cases::train_options o;
+      o.barrier_in_loop = true;
+      const auto start = std::chrono::steady_clock::now();
+      const auto errors = run_case(n, o, checked);
+      CHECK(std::chrono::steady_clock::now() - start < 10s);
+      for (const auto& e : errors) {
+        INFO(e);
+        CHECK(e.find("different collectives") != std::string::npos);
+        CHECK(e.find("barrier") != std::string::npos);
+        CHECK(e.find("allreduce") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("seed 004 cases 2, 3, 5: uneven inputs without join fail clearly instead of hanging", "[local][join][seed004]") {
+  for (int n : {2, 3}) {
+    for (int c : {2, 3, 5}) {
+      INFO("ranks " << n << ", case " << c);
+      join_cases::train_options o;
+      o.use_join = false;
+      o.barrier_in_loop = c == 3;
+      o.barrier_after = c == 5;
+      const auto start = std::chrono::steady_clock::now();
+      const auto errors = run_case(n, o, true);
+      CHECK(std::chrono::steady_clock::now() - start < 10s);
+      // The rank with the most data is left waiting: it must get an error naming the pending call.
+      const std::string& last = errors.back();
+      INFO(last);
+      CHECK((last.find("did not reach") != std::string::npos || last.find("different collectives") != std::string::npos));
+      CHECK((last.find("allreduce") != std::string::npos || last.find("barrier") != std::string::npos));
+    }
+  }
+}
+
+TEST_CASE("JoinContext: forgetting finish() is a clear error", "[local][join]") {
+  // Exercised in a child process by join_forgotten_finish (see CMakeLists): here only the
+  // non-fatal paths: abandon() and exceptions in flight do not terminate.
+  REQUIRE_NOTHROW(on_ranks(2, [](ddp::communicator_ref c) {
+    std::vector<float> g(2);
+    ddp::Bucketer b(c);
+    b.add(g);
+    ddp::JoinContext join({}, b);
+    join.notify();
+    join.abandon();
+  }));
+  CHECK_THROWS_AS(on_ranks(1, [](ddp::communicator_ref c) {
+                    std::vector<float> g(2);
+                    ddp::Bucketer b(c);
+                    b.add(g);
+                    ddp::JoinContext join({}, b);
+                    join.notify();
+                    throw std::runtime_error("trainer failed");
+                  }),
+                  std::runtime_error);
+}
+
+TEST_CASE("JoinContext: joinables on different communicators are rejected", "[local][join]") {
+  REQUIRE_NOTHROW(on_ranks(1, [](ddp::communicator_ref c) {
+    ddp::checked_communicator other(c);
+    std::vector<float> g1(2), g2(2);
+    ddp::Bucketer a(c), b(other);
+    a.add(g1);
+    b.add(g2);
+    bool threw = false;
+    try {
+      ddp::JoinContext join({}, a, b);
+    } catch (const ddp::usage_error& e) {
+      threw = std::string(e.what()).find("same communicator") != std::string::npos;
+    }
+    SUITE_EXPECT(threw, "different communicators must be rejected");
+  }));
+}
