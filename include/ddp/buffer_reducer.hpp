@@ -1,0 +1,746 @@
+#pragma once
+/// @file buffer_reducer.hpp
+/// @brief `BufferReducer<Strategy>`: keeps model buffers (running statistics, counters, ...)
+/// consistent across ranks, with a strategy per buffer and one collective per group of buffers
+/// that share a strategy, a dtype and a device.
+///
+/// @code
+/// ddp::BufferReducer buffers(comm);                                  // default: broadcast from rank 0
+/// buffers.add(model.bn_running_mean);                                // trainer-owned: copy path
+/// buffers.add(model.examples_seen, ddp::strategies::allreduce_sum{});
+/// auto stats = buffers.emplace<float>(64, ddp::strategies::allreduce_mean{});  // reducer-owned: view path
+/// buffers.build();                                                   // collective: checks every rank agrees
+/// std::span<float> running = buffers.span(stats);                    // the trainer's buffer from now on
+/// for (auto& batch : data) {
+///   buffers.sync();                                                  // before forward, like DDP
+///   ...
+/// }
+/// @endcode
+///
+/// Paths. A buffer added with `add()` stays where the trainer keeps it: each communicating sync
+/// packs the group into the reducer's flat storage, runs the collective and unpacks in the work's
+/// continuation (a group that is a single trainer buffer runs in place, no copy). A buffer made
+/// with `emplace()` lives in the flat storage for good: no copy at all.
+///
+/// Ordering. Every rank must register the same buffers (count, dtype, strategy) in the same order
+/// and call `sync()` the same number of times; `build()` checks the first part.
+///
+/// Progress. `sync_async()` returns a `work`; backends such as Open MPI make progress only while
+/// it is tested, so a trainer overlapping it with the forward pass calls `test()` now and then.
+///
+/// Threads. One thread per reducer; nothing here is synchronised.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ddp/communicator.hpp>
+#include <ddp/detail/flat_layout.hpp>
+#include <ddp/dtype.hpp>
+#include <ddp/error.hpp>
+#include <ddp/joinable.hpp>
+#include <ddp/strategies/any.hpp>
+#include <ddp/strategies/broadcast.hpp>
+#include <ddp/strategies/buffer_group.hpp>
+#include <ddp/strategies/buffer_strategy.hpp>
+#include <ddp/strategies/custom.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+/// Knobs of a `BufferReducer`.
+struct buffer_reducer_options {
+  /// `sync()` communicates on its calls number 0, period, 2 * period, ... and returns at once on
+  /// the others (PyTorch issue #30718). 1: every call. Must be the same on every rank.
+  std::uint64_t period = 1;
+
+  friend bool operator==(const buffer_reducer_options&, const buffer_reducer_options&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const buffer_reducer_options& o) {
+    return os << "{period=" << o.period << "}";
+  }
+};
+
+/// What a `BufferReducer` did. Collective counts exclude `build()`'s one-time layout check.
+struct buffer_reducer_stats {
+  std::size_t buffers = 0;                ///< registered buffers
+  std::size_t groups = 0;                 ///< groups (strategy, dtype, device), known once built
+  std::size_t collectives_per_sync = 0;   ///< collectives a communicating sync issues: one per group whose strategy communicates
+  std::uint64_t syncs = 0;                ///< `sync()` / `sync_async()` calls
+  std::uint64_t communicating_syncs = 0;  ///< of those, the calls that communicated (the period skips the others)
+  std::uint64_t shadowed_syncs = 0;       ///< syncs mirrored by the join hook after this rank ran out of data
+  std::uint64_t collectives = 0;          ///< collectives issued by syncs and join hooks, in total
+  std::size_t last_sync_collectives = 0;  ///< collectives issued by the last communicating (or shadowed) sync
+  std::uint64_t bytes_communicated = 0;   ///< bytes handed to those collectives
+  std::uint64_t bytes_copied = 0;         ///< bytes the copy path packed and unpacked (0 on the view path)
+
+  friend bool operator==(const buffer_reducer_stats&, const buffer_reducer_stats&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const buffer_reducer_stats& s) {
+    return os << "{buffers=" << s.buffers << ", groups=" << s.groups << ", collectives_per_sync=" << s.collectives_per_sync
+              << ", syncs=" << s.syncs << ", communicating_syncs=" << s.communicating_syncs
+              << ", shadowed_syncs=" << s.shadowed_syncs << ", collectives=" << s.collectives
+              << ", last_sync_collectives=" << s.last_sync_collectives << ", bytes_communicated=" << s.bytes_communicated
+              << ", bytes_copied=" << s.bytes_copied << "}";
+  }
+};
+
+/// Typed handle of a buffer that lives in a reducer's storage (see `BufferReducer::emplace`).
+template <element T>
+struct buffer_handle {
+  std::size_t index = 0;  ///< registration index
+  friend bool operator==(const buffer_handle&, const buffer_handle&) = default;
+};
+
+/// One group of a built reducer, for introspection and logs.
+struct buffer_group_info {
+  std::string strategy;              ///< the strategy's name()
+  ddp::dtype type = dtype::f32;
+  ddp::device where = device::host();
+  std::vector<std::size_t> buffers;  ///< registration indices
+  std::size_t count = 0;             ///< elements over the group
+  bool flat = false;                 ///< the collective runs on the reducer's flat storage
+  bool copies = false;               ///< some buffers are packed and unpacked around the collective
+  bool communicates = true;          ///< the strategy issues a collective
+};
+
+namespace detail {
+
+/// One registered buffer.
+struct buffer_entry {
+  tensor_view registered;                   ///< view at registration: count, dtype and device are fixed from then on
+  tensor_view (*refresh)(void*) = nullptr;  ///< re-reads the view of a trainer object each sync; null: fixed view
+  void* object = nullptr;                   ///< the trainer object `refresh` reads
+  std::size_t strategy = 0;                 ///< index in the table of distinct strategies
+  bool owned = false;                       ///< lives in the reducer's storage
+};
+
+/// The views one group's strategy works on, and the trainer's views its copy path packs from and
+/// unpacks to. Built once; trainer views are refreshed before each collective.
+struct group_views {
+  std::vector<tensor_view> tensors;  ///< what the collective runs on
+  std::vector<tensor_view> buffers;  ///< per member, as the collective sees it
+  std::vector<std::size_t> indices;  ///< registration indices of the members
+  std::vector<std::size_t> copied;   ///< positions (in `buffers`) of members packed and unpacked
+  std::vector<tensor_view> targets;  ///< trainer view of each `copied` member
+  bool refreshes = false;            ///< some member's view is re-read each sync
+  bool flat = false;                 ///< `tensors` is the flat storage
+};
+
+/// 64-bit FNV-1a: a hash every rank computes the same way (std::hash makes no such promise).
+inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 14695981039346656037ull) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/// Everything a reducer owns, shared with its join hooks and with the continuations of in-flight
+/// syncs, so that storage a pending collective writes outlives the reducer object.
+class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_state> {
+ public:
+  buffer_reducer_state(communicator_ref comm, buffer_reducer_options options) : comm_(comm), options_(options) {
+    if (options_.period == 0) {
+      throw usage_error(comm_.rank(), "BufferReducer", "options.period must be at least 1");
+    }
+  }
+
+  [[nodiscard]] communicator_ref comm() const noexcept { return comm_; }
+  [[nodiscard]] const buffer_reducer_options& options() const noexcept { return options_; }
+  [[nodiscard]] const buffer_reducer_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] bool built() const noexcept { return built_; }
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] bool will_communicate() const noexcept { return calls_ % options_.period == 0; }
+
+  /// Registers a trainer-owned buffer.
+  std::size_t add(tensor_view v, tensor_view (*refresh)(void*), void* object, strategies::any strategy) {
+    const std::size_t index = entries_.size();
+    check_addable("BufferReducer::add", index);
+    check_no_overlap(v, index);
+    entries_.push_back({v, refresh, object, intern(std::move(strategy)), false});
+    if (v.count > 0) by_address_.emplace(v.byte_data(), index);
+    ++stats_.buffers;
+    return index;
+  }
+
+  /// Registers a buffer that will live in the reducer's host storage.
+  std::size_t emplace(dtype t, std::size_t count, strategies::any strategy) {
+    const std::size_t index = entries_.size();
+    check_addable("BufferReducer::emplace", index);
+    entries_.push_back({tensor_view{nullptr, count, t, device::host()}, nullptr, nullptr, intern(std::move(strategy)), true});
+    ++stats_.buffers;
+    return index;
+  }
+
+  /// The current view of buffer `index`: its slice of the storage for an emplaced buffer.
+  [[nodiscard]] tensor_view view(std::size_t index) const {
+    if (index >= entries_.size()) {
+      throw usage_error(comm_.rank(), "BufferReducer::view",
+                        "no buffer #" + std::to_string(index) + " (" + std::to_string(entries_.size()) + " registered)");
+    }
+    const buffer_entry& e = entries_[index];
+    if (e.owned) {
+      if (!built_) {
+        throw usage_error(comm_.rank(), "BufferReducer::view",
+                          "buffer #" + std::to_string(index) +
+                              " lives in the reducer's storage, which exists once build() (or the first sync) ran");
+      }
+      return layout_.slice_of(index);
+    }
+    return e.refresh ? e.refresh(e.object) : e.registered;
+  }
+
+  [[nodiscard]] std::vector<buffer_group_info> groups() const {
+    std::vector<buffer_group_info> out;
+    for (std::size_t g = 0; g < layout_.groups().size(); ++g) {
+      const flat_group& grp = layout_.groups()[g];
+      const strategies::any& s = strategies_[grp.strategy];
+      out.push_back({s.name(), grp.type, grp.where, grp.members, grp.count, views_[g].flat, !views_[g].copied.empty(),
+                     s.communicates()});
+    }
+    return out;
+  }
+
+  /// Collective (one small allgather, two if ranks disagree): groups the buffers, checks that every
+  /// rank registered the same ones, allocates the flat storage.
+  void build() {
+    if (built_) return;
+    std::vector<flat_member> members;
+    members.reserve(entries_.size());
+    for (const buffer_entry& e : entries_) {
+      members.push_back({e.strategy, e.registered.type, e.registered.where, e.registered.count, e.owned});
+    }
+    flat_layout layout(members);
+    check_same_on_every_rank(layout);
+
+    std::vector<group_views> views(layout.groups().size());
+    std::size_t communicating = 0;
+    for (std::size_t g = 0; g < views.size(); ++g) {
+      const flat_group& grp = layout.groups()[g];
+      group_views& gv = views[g];
+      gv.indices = grp.members;
+      gv.flat = static_cast<bool>(grp.storage);
+      if (gv.flat) gv.tensors.push_back(grp.flat());
+      for (std::size_t k = 0; k < grp.members.size(); ++k) {
+        const buffer_entry& e = entries_[grp.members[k]];
+        if (gv.flat) {
+          gv.buffers.push_back(grp.slice(k));
+          if (!e.owned) {
+            gv.copied.push_back(k);
+            gv.targets.push_back(e.registered);
+          }
+        } else {
+          gv.buffers.push_back(e.registered);
+          gv.tensors.push_back(e.registered);
+        }
+        gv.refreshes = gv.refreshes || e.refresh != nullptr;
+      }
+      if (strategies_[grp.strategy].communicates()) ++communicating;
+    }
+    layout_ = std::move(layout);
+    views_ = std::move(views);
+    stats_.groups = views_.size();
+    stats_.collectives_per_sync = communicating;
+    built_ = true;
+  }
+
+  /// One sync of a training rank; see BufferReducer::sync_async.
+  [[nodiscard]] work sync_async() {
+    check_idle("BufferReducer::sync");
+    build();
+    const bool communicate = will_communicate();
+    ++calls_;
+    ++stats_.syncs;
+    const std::optional<join_round> round = std::exchange(round_, std::nullopt);
+    if (!communicate) return work::ready();
+    ++stats_.communicating_syncs;
+    return track(issue(round ? &*round : nullptr, false));
+  }
+
+  /// Remembers a training rank's join round for the next sync.
+  void record_round(const join_round& round) { round_ = round; }
+
+  /// A joined rank's half of one sync: the same collectives, neutral data.
+  void shadow(const join_round& round) {
+    check_idle("BufferReducer join hook");
+    build();
+    ++stats_.shadowed_syncs;
+    issue(&round, true).wait();
+  }
+
+  /// After every rank joined: everybody adopts the authoritative rank's call count, so that the
+  /// period's phase agrees again (joined ranks stopped counting). Costs one broadcast, and only
+  /// with a period.
+  void after_join(const join_summary& summary) {
+    round_.reset();
+    if (options_.period <= 1 || summary.authoritative_rank < 0) return;
+    check_idle("BufferReducer join hook");
+    std::int64_t calls = static_cast<std::int64_t>(calls_);
+    const tensor_view v{&calls, 1, dtype::i64, device::host()};
+    comm_.broadcast(std::span<const tensor_view>(&v, 1), summary.authoritative_rank).wait();
+    calls_ = static_cast<std::uint64_t>(calls);
+  }
+
+ private:
+  /// Clears the in-flight flag when the last copy of the sync's continuation goes away: when the
+  /// work completed, failed, or was dropped unfinished.
+  struct flight_guard {
+    explicit flight_guard(std::shared_ptr<buffer_reducer_state> s) : state(std::move(s)) {}
+    flight_guard(const flight_guard&) = delete;
+    flight_guard& operator=(const flight_guard&) = delete;
+    ~flight_guard() { state->in_flight_.store(false, std::memory_order_release); }
+    std::shared_ptr<buffer_reducer_state> state;
+  };
+
+  work track(work w) {
+    if (w.done()) return w;
+    in_flight_.store(true, std::memory_order_release);
+    w.then([guard = std::make_shared<flight_guard>(shared_from_this())] {});
+    return w;
+  }
+
+  void check_idle(const char* op) const {
+    if (in_flight_.load(std::memory_order_acquire)) {
+      throw usage_error(comm_.rank(), op,
+                        "the previous sync_async() has not completed: wait on (or test until done) its work first");
+    }
+  }
+
+  void check_addable(const char* op, std::size_t index) const {
+    if (built_) {
+      throw usage_error(comm_.rank(), op,
+                        "buffer #" + std::to_string(index) +
+                            " registered after build() (or the first sync): register every buffer before, on every rank");
+    }
+  }
+
+  void check_no_overlap(const tensor_view& v, std::size_t index) const {
+    if (v.count == 0) return;
+    const std::byte* begin = v.byte_data();
+    const std::byte* end = begin + v.bytes();
+    auto clash = [&](std::size_t other, const char* how) {
+      throw usage_error(comm_.rank(), "BufferReducer::add",
+                        "buffer #" + std::to_string(index) + " " + how + " buffer #" + std::to_string(other));
+    };
+    auto next = by_address_.lower_bound(begin);
+    if (next != by_address_.end()) {
+      if (next->first == begin) clash(next->second, "has the same data pointer as (registered twice?)");
+      if (next->first < end) clash(next->second, "overlaps");
+    }
+    if (next != by_address_.begin()) {
+      const auto prev = std::prev(next);
+      const tensor_view& p = entries_[prev->second].registered;
+      if (p.byte_data() + p.bytes() > begin) clash(prev->second, "overlaps");
+    }
+  }
+
+  /// Index of `s` in the table of distinct strategies (equal strategies share one entry).
+  std::size_t intern(strategies::any s) {
+    for (std::size_t i = 0; i < strategies_.size(); ++i) {
+      if (strategies_[i] == s) return i;
+    }
+    strategies_.push_back(std::move(s));
+    return strategies_.size() - 1;
+  }
+
+  // --- the cross-rank layout check -------------------------------------------------------------
+
+  /// Per buffer: what must agree across ranks.
+  struct fingerprint {
+    std::int64_t count, type, device_kind, group, strategy;
+  };
+  static constexpr std::size_t fingerprint_words = sizeof(fingerprint) / sizeof(std::int64_t);
+  static_assert(sizeof(fingerprint) == 5 * sizeof(std::int64_t));
+
+  static std::string describe(const fingerprint& f) {
+    return std::string(name_of(static_cast<dtype>(f.type))) + " x " + std::to_string(f.count) + " in " +
+           (f.device_kind == 0 ? "host" : "device") + " memory, group " + std::to_string(f.group);
+  }
+
+  std::vector<std::int64_t> allgather(const std::vector<std::int64_t>& mine) const {
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_.size()));
+    std::vector<std::int64_t> in = mine;  // the communicator takes mutable views
+    comm_.allgather(ddp::view(in), ddp::view(all)).wait();
+    return all;
+  }
+
+  /// Every rank compares every rank's (count, period, hash of the per-buffer fingerprints) and,
+  /// only if they differ, the per-buffer fingerprints, to name the first buffer and rank that differ.
+  /// Every rank sees the same data, so every rank throws (or none does).
+  void check_same_on_every_rank(const flat_layout& layout) const {
+    const int rank = comm_.rank();
+    const auto size = static_cast<std::size_t>(comm_.size());
+    std::vector<std::int64_t> fps;
+    fps.reserve(entries_.size() * fingerprint_words);
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const buffer_entry& e = entries_[i];
+      const std::string name = strategies_[e.strategy].name();
+      const fingerprint f{static_cast<std::int64_t>(e.registered.count), static_cast<std::int64_t>(e.registered.type),
+                          e.registered.where.is_host() ? 0 : 1, static_cast<std::int64_t>(layout.group_of(i)),
+                          static_cast<std::int64_t>(fnv1a(name.data(), name.size()))};
+      fps.insert(fps.end(), {f.count, f.type, f.device_kind, f.group, f.strategy});
+    }
+    const std::vector<std::int64_t> summary{static_cast<std::int64_t>(entries_.size()),
+                                            static_cast<std::int64_t>(options_.period),
+                                            static_cast<std::int64_t>(fnv1a(fps.data(), fps.size() * 8))};
+    const std::vector<std::int64_t> all = allgather(summary);
+    const auto at = [&](std::size_t r, std::size_t k) { return all[r * summary.size() + k]; };
+    bool same = true;
+    for (std::size_t r = 1; r < size; ++r) {
+      if (at(r, 0) != at(0, 0)) {
+        throw usage_error(rank, "BufferReducer::build",
+                          "rank 0 registered " + std::to_string(at(0, 0)) + " buffers but rank " + std::to_string(r) +
+                              " registered " + std::to_string(at(r, 0)) +
+                              ": every rank must register the same buffers in the same order");
+      }
+      if (at(r, 1) != at(0, 1)) {
+        throw usage_error(rank, "BufferReducer::build",
+                          "rank 0 has period " + std::to_string(at(0, 1)) + " but rank " + std::to_string(r) +
+                              " has period " + std::to_string(at(r, 1)) + ": every rank must use the same period");
+      }
+      same = same && at(r, 2) == at(0, 2);
+    }
+    if (same) return;
+
+    const std::vector<std::int64_t> every = allgather(fps);
+    const auto fp = [&](std::size_t r, std::size_t i) {
+      const std::int64_t* p = every.data() + (r * entries_.size() + i) * fingerprint_words;
+      return fingerprint{p[0], p[1], p[2], p[3], p[4]};
+    };
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const fingerprint f0 = fp(0, i);
+      for (std::size_t r = 1; r < size; ++r) {
+        const fingerprint fr = fp(r, i);
+        if (fr.count == f0.count && fr.type == f0.type && fr.device_kind == f0.device_kind && fr.group == f0.group &&
+            fr.strategy == f0.strategy) {
+          continue;
+        }
+        std::string msg = "buffer #" + std::to_string(i) + " differs across ranks: rank 0 has " + describe(f0) +
+                          ", rank " + std::to_string(r) + " has " + describe(fr);
+        if (fr.strategy != f0.strategy) {
+          msg += "; they give it different strategies (this rank: " + strategies_[entries_[i].strategy].name() + ")";
+        }
+        throw usage_error(rank, "BufferReducer::build", msg);
+      }
+    }
+    // Equal fingerprints with different hashes cannot happen; stay safe rather than silent.
+    throw usage_error(rank, "BufferReducer::build", "ranks disagree on the buffer layout");
+  }
+
+  // --- issuing a sync --------------------------------------------------------------------------
+
+  /// Re-reads trainer views that may have moved (a std::vector that reallocated); their count,
+  /// dtype and device must not have changed.
+  void refresh(group_views& gv) {
+    std::size_t copied = 0;
+    for (std::size_t k = 0; k < gv.indices.size(); ++k) {
+      const buffer_entry& e = entries_[gv.indices[k]];
+      const bool is_copied = copied < gv.copied.size() && gv.copied[copied] == k;
+      if (e.refresh != nullptr) {
+        const tensor_view now = e.refresh(e.object);
+        if (now.count != e.registered.count || now.type != e.registered.type || now.where != e.registered.where) {
+          throw usage_error(comm_.rank(), "BufferReducer::sync",
+                            "buffer #" + std::to_string(gv.indices[k]) + " was " + std::string(name_of(e.registered.type)) +
+                                " x " + std::to_string(e.registered.count) + " on " + e.registered.where.str() +
+                                " when registered and is now " + std::string(name_of(now.type)) + " x " +
+                                std::to_string(now.count) + " on " + now.where.str() +
+                                ": a registered buffer must keep its size, dtype and device");
+        }
+        if (is_copied) {
+          gv.targets[copied] = now;
+        } else if (!gv.flat) {
+          gv.buffers[k] = now;
+          gv.tensors[k] = now;
+        }
+      }
+      if (is_copied) ++copied;
+    }
+  }
+
+  void pack(const group_views& gv) {
+    for (std::size_t j = 0; j < gv.copied.size(); ++j) {
+      const tensor_view& from = gv.targets[j];
+      if (from.count > 0) std::memcpy(gv.buffers[gv.copied[j]].data, from.data, from.bytes());
+      stats_.bytes_copied += from.bytes();
+    }
+  }
+
+  void unpack(std::size_t g) {
+    const group_views& gv = views_[g];
+    for (std::size_t j = 0; j < gv.copied.size(); ++j) {
+      const tensor_view& to = gv.targets[j];
+      if (to.count > 0) std::memcpy(to.data, gv.buffers[gv.copied[j]].data, to.bytes());
+      stats_.bytes_copied += to.bytes();
+    }
+  }
+
+  /// Runs every communicating group's strategy, in group order (the same on every rank).
+  work issue(const join_round* round, bool joined) {
+    std::vector<work> parts;
+    parts.reserve(views_.size());
+    std::size_t issued = 0;
+    for (std::size_t g = 0; g < views_.size(); ++g) {
+      const strategies::any& strategy = strategies_[layout_.groups()[g].strategy];
+      if (!strategy.communicates()) continue;
+      group_views& gv = views_[g];
+      if (gv.refreshes) refresh(gv);
+      const buffer_group group{comm_, gv.tensors, gv.buffers, gv.indices, round, joined};
+      const bool copies = !gv.copied.empty();
+      if (copies && strategy.reads_local_data(group)) pack(gv);
+      work w = run(strategy, group);
+      ++issued;
+      stats_.bytes_communicated += group.count() * size_of(group.type());
+      if (copies && strategy.writes_local_data(group)) {
+        w.then([self = shared_from_this(), g] { self->unpack(g); });
+      }
+      parts.push_back(std::move(w));
+    }
+    stats_.collectives += issued;
+    stats_.last_sync_collectives = issued;
+    return work::all(std::move(parts));
+  }
+
+  /// A strategy's usage errors from the backend (device memory, bad root) do not say which
+  /// buffers they are about: add that.
+  work run(const strategies::any& strategy, const buffer_group& group) const {
+    try {
+      return strategy.sync(group);
+    } catch (const usage_error& e) {
+      if (e.operation().rfind("BufferReducer", 0) == 0) throw;
+      throw usage_error(comm_.rank(), "BufferReducer::sync",
+                        group.describe() + " with strategy " + strategy.name() + ": " + e.what());
+    }
+  }
+
+  communicator_ref comm_;
+  buffer_reducer_options options_;
+  std::vector<strategies::any> strategies_;
+  std::vector<buffer_entry> entries_;
+  std::map<const std::byte*, std::size_t> by_address_;  ///< trainer buffers by start address (overlap check)
+  flat_layout layout_;
+  std::vector<group_views> views_;
+  bool built_ = false;
+  std::uint64_t calls_ = 0;
+  std::optional<join_round> round_;
+  std::atomic<bool> in_flight_{false};
+  buffer_reducer_stats stats_;
+};
+
+template <class>
+inline constexpr bool always_false = false;
+
+}  // namespace detail
+
+/// The join hook of a `BufferReducer` (see joinable.hpp). It shares the reducer's state, so it
+/// stays valid if the reducer object is moved.
+class buffer_reducer_join_hook {
+ public:
+  explicit buffer_reducer_join_hook(std::shared_ptr<detail::buffer_reducer_state> state) : state_(std::move(state)) {}
+
+  /// On a rank that ran out of data, once per round in which the training ranks' `sync()`
+  /// communicates: issues the same collectives, in the same order, with neutral data (zeros for
+  /// sums and means, the identity for min and max; a receiver for broadcasts), then waits. The
+  /// results land in this rank's buffers.
+  void main_hook(const join_round& round) { state_->shadow(round); }
+
+  /// Once on every rank after all joined. With a period, every rank adopts the authoritative
+  /// rank's count of sync() calls (one broadcast of one int64), so the period's phase agrees if
+  /// training goes on; without one, nothing.
+  void post_hook(const join_summary& summary) { state_->after_join(summary); }
+
+ private:
+  std::shared_ptr<detail::buffer_reducer_state> state_;
+};
+
+/// Keeps buffers consistent across ranks; see the file comment.
+///
+/// @tparam Strategy  the default strategy: what `add(buffer)` and `emplace<T>(count)` use.
+///                   `add(buffer, strategy)` overrides it per buffer with any strategy type, or
+///                   with a callable (wrapped in `strategies::custom`).
+template <buffer_strategy Strategy = strategies::broadcast>
+class BufferReducer {
+ public:
+  using strategy_type = Strategy;
+  using join_hook_type = buffer_reducer_join_hook;
+
+  /// @param comm              the communicator; must outlive the reducer and its pending work
+  /// @param default_strategy  the strategy of buffers added without one
+  /// @throws usage_error if `options.period` is 0
+  explicit BufferReducer(communicator_ref comm, Strategy default_strategy = Strategy{},
+                         buffer_reducer_options options = {})
+      : default_(std::move(default_strategy)),
+        state_(std::make_shared<detail::buffer_reducer_state>(comm, options)) {}
+
+  BufferReducer(communicator_ref comm, buffer_reducer_options options)
+    requires std::default_initializable<Strategy>
+      : BufferReducer(comm, Strategy{}, options) {}
+
+  /// Moving keeps pending work valid (the state is shared with it); a moved-from reducer may only
+  /// be destroyed or assigned to.
+  BufferReducer(BufferReducer&&) noexcept = default;
+  BufferReducer& operator=(BufferReducer&&) noexcept = default;
+  BufferReducer(const BufferReducer&) = delete;
+  BufferReducer& operator=(const BufferReducer&) = delete;
+  /// Never communicates. Storage that a pending sync still uses stays alive until its work is
+  /// done or destroyed.
+  ~BufferReducer() = default;
+
+  // ---- registration ---------------------------------------------------------------------------
+
+  /// Registers a buffer the trainer owns (copy path), with the default strategy.
+  /// @return its registration index (errors name buffers by it)
+  template <class T>
+  std::size_t add(T&& buffer) {
+    return add(std::forward<T>(buffer), default_);
+  }
+
+  /// Registers a buffer the trainer owns, with `strategy`: a `buffer_strategy`, or a callable
+  /// taken as `strategies::custom`. The reducer keeps a reference to `buffer` and re-reads its
+  /// data pointer at each sync (a std::vector may reallocate), but its size, dtype and device must
+  /// stay as they were.
+  /// @throws usage_error after build(), or if the buffer's memory overlaps a registered buffer's
+  ///         (same data pointer: registered twice)
+  template <class T, class S>
+  std::size_t add(T&& buffer, S&& strategy) {
+    using D = std::remove_cvref_t<T>;
+    constexpr bool is_view = std::same_as<D, tensor_view>;
+    if constexpr (!is_view && !tensor<D>) {
+      static_assert(detail::always_false<T>,
+                    "BufferReducer::add: the buffer must be a ddp::tensor (a contiguous range of a ddp element type, "
+                    "or a type with a ddp::tensor_traits specialisation) or a ddp::tensor_view");
+      return 0;
+    } else if constexpr (!is_view && std::is_const_v<std::remove_reference_t<T>>) {
+      static_assert(detail::always_false<T>, "BufferReducer::add: the buffer must be mutable (the reducer writes it)");
+      return 0;
+    } else if constexpr (!is_view && !std::is_lvalue_reference_v<T> && !std::ranges::borrowed_range<D>) {
+      static_assert(detail::always_false<T>,
+                    "BufferReducer::add: pass the buffer as an lvalue: the reducer keeps a reference to it and a "
+                    "temporary container would dangle (views such as std::span may be temporaries)");
+      return 0;
+    } else if constexpr (is_view || !std::is_lvalue_reference_v<T>) {
+      // A view, or a temporary view (borrowed range): its memory is fixed, nothing to re-read.
+      D copy = buffer;
+      return state_->add(ddp::view(copy), nullptr, nullptr, to_strategy(std::forward<S>(strategy)));
+    } else {
+      return state_->add(ddp::view(buffer), &reread<D>, static_cast<void*>(std::addressof(buffer)),
+                         to_strategy(std::forward<S>(strategy)));
+    }
+  }
+
+  /// Makes a buffer of `count` zeroed `T`s in the reducer's storage (view path: no copies), with
+  /// the default strategy. Its memory exists once the reducer is built: get it with `span()`.
+  template <element T>
+  buffer_handle<T> emplace(std::size_t count) {
+    return emplace<T>(count, default_);
+  }
+
+  /// As above, with `strategy`.
+  template <element T, class S>
+  buffer_handle<T> emplace(std::size_t count, S&& strategy) {
+    return {state_->emplace(dtype_v<T>, count, to_strategy(std::forward<S>(strategy)))};
+  }
+
+  /// As above, for a dtype known at run time; read it back with `view(index)`.
+  template <class S>
+  std::size_t emplace(dtype type, std::size_t count, S&& strategy) {
+    return state_->emplace(type, count, to_strategy(std::forward<S>(strategy)));
+  }
+
+  /// The memory of an emplaced buffer: stable for the reducer's lifetime.
+  /// @throws usage_error before the reducer is built
+  template <element T>
+  [[nodiscard]] std::span<T> span(buffer_handle<T> handle) const {
+    const tensor_view v = state_->view(handle.index);
+    return {static_cast<T*>(v.data), v.count};
+  }
+
+  /// The current view of buffer `index` (its slice of the storage for an emplaced buffer).
+  [[nodiscard]] tensor_view view(std::size_t index) const { return state_->view(index); }
+
+  /// Collective: groups the buffers, allgathers a fingerprint (count, dtype, device kind, group,
+  /// strategy per buffer; the period) and allocates the storage. The first sync (or join hook)
+  /// builds if this was not called. Calling it again does nothing.
+  /// @throws usage_error on every rank if ranks disagree, naming the first differing buffer and rank
+  void build() { state_->build(); }
+  [[nodiscard]] bool built() const noexcept { return state_->built(); }
+
+  // ---- synchronisation ------------------------------------------------------------------------
+
+  /// Collective: synchronises every group with its strategy and waits. With a period, only every
+  /// period-th call communicates. Call it at the start of each step (before forward), as DDP does.
+  /// @throws usage_error (bad layout, a previous sync_async still pending, a resized buffer, a
+  ///         custom strategy returning no work); communication errors from the backend
+  void sync() { sync_async().wait(); }
+
+  /// Collective, non-blocking form of `sync()`: issues one collective per group and returns at
+  /// once, e.g. to overlap the forward pass. The buffers must not be touched until the work
+  /// completed; copy-path buffers are written by its continuation. The first call builds (blocking).
+  [[nodiscard]] work sync_async() { return state_->sync_async(); }
+
+  /// Whether the next `sync()` communicates (the period).
+  [[nodiscard]] bool will_communicate() const noexcept { return state_->will_communicate(); }
+
+  // ---- joinable (see joinable.hpp) -------------------------------------------------------------
+
+  /// A hook that mirrors this reducer's syncs on a rank that ran out of data.
+  [[nodiscard]] join_hook_type join_hook(const join_hook_options& = {}) const { return join_hook_type(state_); }
+  [[nodiscard]] communicator_ref join_communicator() const noexcept { return state_->comm(); }
+  /// Whether the next `sync()` communicates (asked by the JoinContext at `notify()`).
+  [[nodiscard]] bool join_will_communicate() const noexcept { return will_communicate(); }
+  /// Records the round for the next `sync()`: it picks a training broadcast root and the mean's
+  /// divisor from it, exactly as the joined ranks' hooks do.
+  void join_notified(const join_round& round) { state_->record_round(round); }
+
+  // ---- introspection ----------------------------------------------------------------------------
+
+  [[nodiscard]] const buffer_reducer_stats& stats() const noexcept { return state_->stats(); }
+  [[nodiscard]] const buffer_reducer_options& options() const noexcept { return state_->options(); }
+  [[nodiscard]] const Strategy& default_strategy() const noexcept { return default_; }
+  [[nodiscard]] communicator_ref communicator() const noexcept { return state_->comm(); }
+  /// Registered buffers.
+  [[nodiscard]] std::size_t size() const noexcept { return state_->size(); }
+  /// The groups, once built.
+  [[nodiscard]] std::vector<buffer_group_info> groups() const { return state_->groups(); }
+
+ private:
+  template <class D>
+  static tensor_view reread(void* object) {
+    return ddp::view(*static_cast<D*>(object));
+  }
+
+  template <class S>
+  static strategies::any to_strategy(S&& s) {
+    using D = std::remove_cvref_t<S>;
+    if constexpr (buffer_strategy<D>) {
+      return strategies::any(D(std::forward<S>(s)));
+    } else if constexpr (strategies::custom_callable<D>) {
+      return strategies::any(strategies::custom<D>(D(std::forward<S>(s))));
+    } else {
+      static_assert(detail::always_false<S>,
+                    "BufferReducer: a strategy must model ddp::buffer_strategy (work sync(const ddp::buffer_group&) "
+                    "const, std::string name() const, ==, copyable) or be a callable f(const ddp::buffer_group&) or "
+                    "f(std::span<const ddp::tensor_view>, ddp::communicator_ref) returning ddp::work or "
+                    "std::optional<ddp::work>");
+      return strategies::any(strategies::broadcast{});
+    }
+  }
+
+  Strategy default_;
+  std::shared_ptr<detail::buffer_reducer_state> state_;
+};
+
+static_assert(joinable<BufferReducer<>>);
+
+}  // namespace ddp

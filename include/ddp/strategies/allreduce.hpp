@@ -1,0 +1,116 @@
+#pragma once
+/// @file strategies/allreduce.hpp
+/// @brief `strategies::allreduce<Op>`: every rank receives the element-wise reduction over ranks,
+/// and its names `allreduce_sum`, `allreduce_mean`, `allreduce_min`, `allreduce_max`.
+///
+/// - `allreduce_sum`: counters (examples seen, positives/negatives, tokens), seed 003.
+/// - `allreduce_mean`: running statistics every rank should agree on (BatchNorm means/variances).
+///   Integer dtypes truncate toward zero, like `reduce_op::avg`.
+/// - `allreduce_min` / `allreduce_max`: bounds, e.g. the largest loss scale all ranks can use.
+///
+/// Join: a joined rank contributes the operation's identity, so it does not change the result:
+/// zeros for sum and mean, the dtype's largest value (+inf for floating dtypes) for min, its
+/// lowest (-inf) for max, one for prod. A mean divides by the round's `divisor()`: the initial
+/// world size or the number of ranks still training, per `join_hook_options`.
+
+#include <algorithm>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ddp/detail/host_reduce.hpp>
+#include <ddp/error.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/strategies/buffer_group.hpp>
+#include <ddp/strategies/buffer_strategy.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::strategies {
+
+/// One allreduce with `Op` per group and sync.
+template <reduce_op Op>
+struct allreduce {
+  static constexpr reduce_op op = Op;
+
+  [[nodiscard]] work sync(const buffer_group& g) const {
+    if (g.joined) fill_identity(g);
+    const int size = g.comm.size();
+    const int divisor = (Op == reduce_op::avg && g.round != nullptr) ? g.round->divisor() : size;
+    if (Op != reduce_op::avg || divisor == size) return g.comm.allreduce(g.tensors, Op);
+
+    // A join round whose mean is over the ranks still training: sum, then divide by their number.
+    // Every rank (joined or not) derives the same divisor from the same round, so all issue the
+    // same sum and end with the same bits.
+    require_host(g, "a mean over the ranks still training");
+    if (is_two_byte_float(g.type())) {
+      // Scale first: the sum of unscaled f16 values overflows long before the mean would.
+      for (const tensor_view& t : g.tensors) ddp::detail::scale_in_place(t.type, t.data, t.count, 1.0 / divisor);
+      return g.comm.allreduce(g.tensors, reduce_op::sum);
+    }
+    work w = g.comm.allreduce(g.tensors, reduce_op::sum);
+    w.then([targets = std::vector<tensor_view>(g.tensors.begin(), g.tensors.end()), divisor] {
+      for (const tensor_view& t : targets) ddp::detail::divide_in_place(t.type, t.data, t.count, divisor);
+    });
+    return w;
+  }
+
+  [[nodiscard]] std::string name() const { return "allreduce(" + std::string(name_of(Op)) + ")"; }
+
+  /// A joined rank overwrites its values with the identity: nothing to pack.
+  [[nodiscard]] bool reads_local_data(const buffer_group& g) const noexcept { return !g.joined; }
+
+  friend bool operator==(const allreduce&, const allreduce&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const allreduce& a) { return os << a.name(); }
+
+ private:
+  static bool is_two_byte_float(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+
+  static void require_host(const buffer_group& g, const char* what) {
+    for (const tensor_view& t : g.tensors) {
+      if (!t.where.is_host()) {
+        throw usage_error(g.comm.rank(), "BufferReducer::sync",
+                          std::string(what) + " needs host memory, but " + g.describe() + " is on " + t.where.str());
+      }
+    }
+  }
+
+  /// The value that leaves any other operand unchanged under `Op`.
+  template <class T>
+  static T identity() noexcept {
+    using C = ddp::detail::compute_t<T>;
+    if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+      return T{};
+    } else if constexpr (Op == reduce_op::prod) {
+      return ddp::detail::store<T>(C{1});
+    } else if constexpr (std::numeric_limits<C>::has_infinity) {
+      return ddp::detail::store<T>(Op == reduce_op::min ? std::numeric_limits<C>::infinity()
+                                                   : -std::numeric_limits<C>::infinity());
+    } else {
+      return Op == reduce_op::min ? std::numeric_limits<T>::max() : std::numeric_limits<T>::lowest();
+    }
+  }
+
+  static void fill_identity(const buffer_group& g) {
+    require_host(g, "a joined rank's neutral contribution");
+    for (const tensor_view& t : g.tensors) {
+      ddp::detail::visit_dtype(t.type, [&]<class T>(T) { std::fill_n(static_cast<T*>(t.data), t.count, identity<T>()); });
+    }
+  }
+};
+
+/// Sum over ranks (counters).
+using allreduce_sum = allreduce<reduce_op::sum>;
+/// Mean over ranks (running statistics).
+using allreduce_mean = allreduce<reduce_op::avg>;
+/// Element-wise minimum over ranks.
+using allreduce_min = allreduce<reduce_op::min>;
+/// Element-wise maximum over ranks.
+using allreduce_max = allreduce<reduce_op::max>;
+
+static_assert(buffer_strategy<allreduce_sum> && buffer_strategy<allreduce_mean> && buffer_strategy<allreduce_min> &&
+              buffer_strategy<allreduce_max>);
+
+}  // namespace ddp::strategies

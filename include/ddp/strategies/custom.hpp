@@ -1,0 +1,134 @@
+#pragma once
+/// @file strategies/custom.hpp
+/// @brief `strategies::custom`: a user callable as a strategy (PyTorch's buffer comm hook,
+/// RFC #63041), for reductions the built-in strategies do not cover.
+///
+/// Two call forms, the first one that fits is used:
+/// - `f(const ddp::buffer_group& g)`: the full view (flat `g.tensors`, per-buffer `g.buffers`, the
+///   join round, `g.joined`). On a joined rank the callable must issue the same collectives as
+///   the training ranks with data that does not change their result.
+/// - `f(std::span<const ddp::tensor_view> buffers, ddp::communicator_ref comm)`: the group's
+///   buffers (back to back in one allocation) and the communicator. On a joined rank the
+///   reducer zeroes the buffers before calling it, which is neutral for sums.
+///
+/// The result is `ddp::work` or `std::optional<ddp::work>`:
+/// - a `work` handle, possibly empty (`ddp::work::ready()`, a moved-from or default handle): the
+///   sync completes when it does; empty means the callable had nothing to wait for;
+/// - `std::nullopt` is "no work": the callable declined to handle the group, which the reducer
+///   cannot tell from a forgotten return, so it throws `usage_error` naming the buffers and rank.
+///
+/// Grouping: copies of one `custom` object are equal (they share the callable), so buffers added
+/// with the same object are coalesced into one call; two separately made `custom` objects are
+/// never equal, whatever their callables. The reducer counts one collective per group and sync.
+
+#include <concepts>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <ddp/communicator.hpp>
+#include <ddp/error.hpp>
+#include <ddp/strategies/buffer_group.hpp>
+#include <ddp/strategies/buffer_strategy.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::detail {
+/// What a custom strategy's callable may return.
+template <class R>
+inline constexpr bool is_sync_result = std::same_as<R, work> || std::same_as<R, std::optional<work>>;
+}  // namespace ddp::detail
+
+namespace ddp::strategies {
+
+/// A callable taking the whole group: `f(const buffer_group&) -> work | std::optional<work>`.
+template <class F>
+concept group_callable = std::invocable<F&, const buffer_group&> &&
+                         ddp::detail::is_sync_result<std::invoke_result_t<F&, const buffer_group&>>;
+
+/// A callable taking the buffers and the communicator:
+/// `f(std::span<const tensor_view>, communicator_ref) -> work | std::optional<work>`.
+template <class F>
+concept buffers_callable =
+    std::invocable<F&, std::span<const tensor_view>, communicator_ref> &&
+    ddp::detail::is_sync_result<std::invoke_result_t<F&, std::span<const tensor_view>, communicator_ref>>;
+
+/// What `custom` (and `BufferReducer::add` with a callable) accepts.
+template <class F>
+concept custom_callable = std::copy_constructible<std::decay_t<F>> &&
+                          (group_callable<std::decay_t<F>> || buffers_callable<std::decay_t<F>>);
+
+/// A user callable as a buffer strategy. See the file comment for its contract.
+template <class F>
+class custom {
+  static_assert(custom_callable<F>,
+                "ddp::strategies::custom<F>: F must be copyable and callable as f(const ddp::buffer_group&) or as "
+                "f(std::span<const ddp::tensor_view> buffers, ddp::communicator_ref comm), returning ddp::work "
+                "(an empty work means 'nothing to wait for') or std::optional<ddp::work> (std::nullopt means "
+                "'no work' and is reported as an error)");
+
+ public:
+  /// @param fn     the callable; shared by every copy of this strategy
+  /// @param label  its name in errors and in the cross-rank check of the reducer's layout
+  explicit custom(F fn, std::string label = "custom")
+      : fn_(std::make_shared<F>(std::move(fn))), label_(std::move(label)) {}
+
+  /// @throws usage_error if the callable returns std::nullopt, or if a joined rank's buffers are
+  ///         not in host memory (they cannot be zeroed) for the two-argument form
+  [[nodiscard]] work sync(const buffer_group& g) const {
+    if constexpr (group_callable<F>) {
+      return checked(g, std::invoke(*fn_, g));
+    } else if constexpr (buffers_callable<F>) {
+      if (g.joined) zero(g);
+      return checked(g, std::invoke(*fn_, g.buffers, g.comm));
+    } else {
+      return work::ready();  // unreachable: the static_assert above fired
+    }
+  }
+
+  [[nodiscard]] std::string name() const { return label_; }
+
+  /// The callable (for tests and introspection).
+  [[nodiscard]] const F& callable() const noexcept { return *fn_; }
+
+  /// Copies of one object are equal: they share the callable.
+  friend bool operator==(const custom& a, const custom& b) noexcept { return a.fn_ == b.fn_; }
+  friend std::ostream& operator<<(std::ostream& os, const custom& c) { return os << c.label_; }
+
+ private:
+  work checked(const buffer_group&, work w) const { return w; }
+  work checked(const buffer_group& g, std::optional<work> w) const {
+    if (!w) {
+      throw usage_error(g.comm.rank(), "BufferReducer::sync",
+                        "custom strategy '" + label_ + "' for " + g.describe() +
+                            " returned no work (std::nullopt); return ddp::work::ready() when there is nothing to do");
+    }
+    return std::move(*w);
+  }
+
+  static void zero(const buffer_group& g) {
+    for (const tensor_view& t : g.tensors) {
+      if (!t.where.is_host()) {
+        throw usage_error(g.comm.rank(), "BufferReducer join hook",
+                          "cannot zero " + g.describe() + " on " + t.where.str() +
+                              " for a joined rank; give the custom strategy the buffer_group form and fill it there");
+      }
+      if (t.count > 0) std::memset(t.data, 0, t.bytes());
+    }
+  }
+
+  std::shared_ptr<F> fn_;
+  std::string label_;
+};
+
+template <class F>
+custom(F) -> custom<F>;
+template <class F>
+custom(F, std::string) -> custom<F>;
+
+}  // namespace ddp::strategies

@@ -1,0 +1,159 @@
+// BufferReducer over the local backend (ranks as threads), 1 to 4 ranks. The checks themselves
+// live in buffer_reducer_suite.hpp and run unchanged over MPI (mpi_buffer_reducer_test.cpp).
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <ddp/buffer_reducer.hpp>
+#include <ddp/local/communicator.hpp>
+#include <ddp/strategies/allreduce.hpp>
+
+#include "buffer_reducer_suite.hpp"
+
+namespace {
+
+template <class F>
+void on_ranks(int from, int to, F check) {
+  for (int n = from; n <= to; ++n) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(ddp::local::run(n, [&](ddp::local::communicator& c) { check(c); }));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in exactly 2 collectives",
+          "[local][buffer_reducer]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    std::array<std::atomic<int>, 4> issued{};
+    std::array<std::int64_t, 4> positives{};
+    std::array<float, 4> mean0{};
+    REQUIRE_NOTHROW(ddp::local::run(n, [&](ddp::local::communicator& comm) {
+      // example-begin seed-003
+      std::vector<std::int64_t> seen{0, 0};  // positives, negatives seen by this rank
+      std::vector<float> running_mean(16);
+      ddp::BufferReducer buffers(comm);  // default strategy: broadcast from rank 0
+      buffers.add(seen, ddp::strategies::allreduce_sum{});
+      buffers.add(running_mean);
+      buffers.build();
+      // ... a step: this rank saw rank + 1 positive examples, and updated its running mean
+      seen[0] += comm.rank() + 1;
+      running_mean[0] = static_cast<float>(comm.rank());
+      buffers.sync();  // every rank: global counts, rank 0's running mean
+      // example-end seed-003
+      const auto r = static_cast<std::size_t>(comm.rank());
+      issued[r] = static_cast<int>(comm.issued()) - 1;  // minus build()'s layout check
+      positives[r] = seen[0];
+      mean0[r] = running_mean[0];
+      if (buffers.stats().last_sync_collectives != 2) throw std::runtime_error("stats count differs");
+    }));
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      CHECK(issued[r] == 2);
+      CHECK(positives[r] == n * (n + 1) / 2);
+      CHECK(mean0[r] == 0.0f);
+    }
+  }
+  // and the full check, both paths
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, false); });
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, true); });
+}
+
+TEST_CASE("local: every strategy, every dtype, copy and view paths", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::every_strategy(c); });
+}
+
+TEST_CASE("local: mixed strategies and dtypes coalesce into one collective per group", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::mixed_groups(c); });
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::many_buffers_one_collective(c); });
+}
+
+TEST_CASE("local: 200 buffers in one group issue exactly one backend collective", "[local][buffer_reducer]") {
+  std::atomic<int> wrong{0};
+  ddp::local::run(3, [&](ddp::local::communicator& comm) {
+    ddp::BufferReducer<ddp::strategies::allreduce_mean> buffers(comm);
+    std::vector<std::vector<float>> bn(200);
+    for (std::size_t k = 0; k < bn.size(); ++k) {
+      bn[k].assign(64 + k, static_cast<float>(comm.rank()));
+      buffers.add(bn[k]);
+    }
+    buffers.build();
+    const auto before = comm.issued();
+    buffers.sync();
+    if (comm.issued() - before != 1) ++wrong;
+    for (const auto& v : bn) {
+      for (float x : v) {
+        if (x != 1.0f) ++wrong;  // mean of 0, 1, 2
+      }
+    }
+  });
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("local: period", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::period(c); });
+}
+
+TEST_CASE("local: views and copies", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::views_and_copies(c); });
+}
+
+TEST_CASE("local: non-blocking sync", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::async_sync(c); });
+}
+
+TEST_CASE("local: a dropped pending sync frees the reducer for the next one", "[local][buffer_reducer]") {
+  REQUIRE_NOTHROW(ddp::local::run(1, [](ddp::local::communicator& comm) {
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    buffers.add(a);
+    buffers.add(b);
+    { [[maybe_unused]] ddp::work dropped = buffers.sync_async(); }
+    buffers.sync();
+  }));
+}
+
+TEST_CASE("local: custom strategies", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::custom_strategies(c); });
+}
+
+TEST_CASE("local: usage errors name the buffer and the rank", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::local_errors(c); });
+  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::layout_mismatch(c); });
+}
+
+TEST_CASE("local: join hooks mirror every strategy with neutral data", "[local][buffer_reducer][join]") {
+  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_every_strategy(c); });
+}
+
+TEST_CASE("local: join hooks follow the period and restore its phase", "[local][buffer_reducer][join]") {
+  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_with_period(c); });
+}
+
+TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks time out, not hang",
+          "[local][buffer_reducer][join]") {
+  using namespace std::chrono_literals;
+  ddp::local::options opts;
+  opts.timeout = 300ms;
+  std::atomic<int> timeouts{0};
+  ddp::local::run(
+      2,
+      [&](ddp::local::communicator& comm) {
+        ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+        std::vector<float> a(3);
+        buffers.add(a);
+        buffers.build();
+        if (comm.rank() == 1) return;  // ran out of data, and nobody runs its join hook
+        try {
+          buffers.sync();
+        } catch (const ddp::timeout_error&) {
+          ++timeouts;
+        }
+      },
+      opts);
+  CHECK(timeouts == 1);
+}
