@@ -147,7 +147,7 @@ class JoinContext {
           }
         }
       }
-      summary.rounds = rounds_;
+      summary.rounds = rounds_ - 1;  // the last exchange found nobody training
       std::apply([&](auto&... h) { (h.post_hook(summary), ...); }, hooks);
     } catch (...) {
       failed_ = true;

@@ -57,7 +57,7 @@ struct join_summary {
   bool is_last_joiner = true;   ///< this rank trained in the last round in which anyone trained
   int authoritative_rank = 0;   ///< highest of the last joiners: the rank whose state is final
   int world_size = 1;
-  std::uint64_t rounds = 0;     ///< bookkeeping rounds run by the context
+  std::uint64_t rounds = 0;     ///< iterations in which at least one rank trained
   join_hook_options options;
 };
 

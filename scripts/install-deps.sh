@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ddp's build, tests and examples need, if any is missing.
+# CUDA and NCCL are not Debian packages here: the NCCL backend is built only where they are found.
+set -euo pipefail
+packages=(cmake make g++ clang openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
+          doxygen pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

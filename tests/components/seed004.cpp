@@ -1,0 +1,35 @@
+// Seed 004's six cases as a program: `seed004 <case> [--checked]`, rank r holding 3 + r batches.
+// Cases 1 and 6 must finish with identical models equal to the serial reference; 2-5 must end
+// with a clear error on the rank left waiting (exit code 3), never a hang or a garbage rank.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <ddp/mpi.hpp>
+
+#include "join_cases.hpp"
+
+int main(int argc, char** argv) {
+  ddp::mpi::environment env(&argc, &argv);
+  const int which = argc > 1 ? std::atoi(argv[1]) : 1;
+  const bool checked = argc > 2 && std::strcmp(argv[2], "--checked") == 0;
+  auto comm = ddp::mpi::communicator::world({.timeout = std::chrono::seconds(3)});
+  ddp::checked_communicator chk(comm, {.timeout = std::chrono::seconds(3)});
+  join_cases::train_options o;
+  o.use_join = which == 1 || which == 4 || which == 6;
+  o.barrier_in_loop = which == 3 || which == 4;
+  o.barrier_after = which == 5 || which == 6;
+  try {
+    const auto m = checked ? join_cases::train(chk, o) : join_cases::train(comm, o);
+    join_cases::expect_model_matches(comm, m, join_cases::reference(comm.size(), o.base_batches, true), "seed 004");
+    std::printf("rank %d: case %d finished, parameters identical on every rank and equal to the reference\n",
+                comm.rank(), which);
+    return 0;
+  } catch (const ddp::error& e) {
+    std::fprintf(stderr, "rank %d: case %d: %s\n", comm.rank(), which, e.what());
+    std::fflush(stderr);
+    // Leave without MPI_Finalize: the peers may be stuck in a collective that will never match.
+    std::_Exit(3);
+  }
+}
