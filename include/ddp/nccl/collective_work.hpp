@@ -37,7 +37,7 @@ class collective_work final : public work_state {
       state_->abort(std::string("after a CUDA error: ") + e.what());
       throw e;
     }
-    state_->check_async(info().rank, info().describe());
+    state_->check_async(info());
     return false;
   }
 

@@ -16,6 +16,7 @@
 #include <ddp/nccl/error.hpp>
 #include <ddp/nccl/event.hpp>
 #include <ddp/nccl/options.hpp>
+#include <ddp/work.hpp>
 
 namespace ddp::nccl::detail {
 
@@ -25,21 +26,8 @@ enum class comm_status : unsigned char { healthy, revoked, aborted };
 /// communicator still reports the right outcome. Resources are released when the last owner goes.
 class comm_state {
  public:
-  /// Creates the stream (unless the caller gave one), the stream-ordering events and the barrier
-  /// buffer on `device`, which must be current. `comm` is set by the caller afterwards.
-  comm_state(int rank, int size, int device, options opts, std::string_view operation)
-      : rank(rank), size(size), device(device), opts(std::move(opts)) {
-    if (this->opts.stream != nullptr) {
-      stream = this->opts.stream;
-    } else {
-      check_cuda(cudaStreamCreate(&stream), rank, operation, "cudaStreamCreate");
-      owns_stream = true;
-    }
-    producer_done = event::create(rank, operation);
-    collectives_done = event::create(rank, operation);
-    check_cuda(cudaMalloc(&barrier_buffer, sizeof(int)), rank, operation, "cudaMalloc");
-    check_cuda(cudaMemset(barrier_buffer, 0, sizeof(int)), rank, operation, "cudaMemset");
-  }
+  comm_state(int rank, int size, int device, options opts)
+      : rank(rank), size(size), device(device), opts(std::move(opts)) {}
   comm_state(const comm_state&) = delete;
   comm_state& operator=(const comm_state&) = delete;
 
@@ -59,6 +47,23 @@ class comm_state {
     if (barrier_buffer != nullptr) (void)cudaFree(barrier_buffer);
     if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
     if (switched) (void)cudaSetDevice(previous);
+  }
+
+  /// Creates the stream (unless the caller gave one), the stream-ordering events and the barrier
+  /// buffer; `device` must be current. Separate from the constructor so that, when a step fails,
+  /// the destructor still releases what the earlier steps created. `comm` is set by the caller.
+  /// @throws communication_error
+  void acquire(std::string_view operation) {
+    if (opts.stream != nullptr) {
+      stream = opts.stream;
+    } else {
+      check_cuda(cudaStreamCreate(&stream), rank, operation, "cudaStreamCreate");
+      owns_stream = true;
+    }
+    producer_done = event::create(rank, operation);
+    collectives_done = event::create(rank, operation);
+    check_cuda(cudaMalloc(&barrier_buffer, sizeof(int)), rank, operation, "cudaMalloc");
+    check_cuda(cudaMemset(barrier_buffer, 0, sizeof(int)), rank, operation, "cudaMemset");
   }
 
   /// The handle for a new operation.
@@ -99,16 +104,17 @@ class comm_state {
 
   /// Polls `ncclCommGetAsyncError`. On an error, aborts the communicator (NCCL's advice: a
   /// communicator with an asynchronous error cannot recover) and throws it.
-  /// @throws communication_error
-  void check_async(int op_rank, const std::string& operation) {
+  /// @throws communication_error naming `info`
+  void check_async(const op_info& info) {
     std::unique_lock lock(m_);
     if (status_ != comm_status::healthy || comm == nullptr) return;
     ncclResult_t async = ncclSuccess;
     const ncclResult_t queried = ncclCommGetAsyncError(comm, &async);
     if (queried == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return;
-    const communication_error e = queried != ncclSuccess
-                                      ? make_nccl_error(queried, op_rank, operation, "ncclCommGetAsyncError", comm)
-                                      : make_nccl_error(async, op_rank, operation, "asynchronous NCCL operation", comm);
+    const communication_error e =
+        queried != ncclSuccess
+            ? make_nccl_error(queried, info.rank, info.describe(), "ncclCommGetAsyncError", comm)
+            : make_nccl_error(async, info.rank, info.describe(), "asynchronous NCCL operation", comm);
     abort_locked(std::string("after an asynchronous error: ") + e.what());
     throw e;
   }

@@ -80,12 +80,16 @@ class communicator {
     }
     require_device(rank, device, operation);
     device_guard on_device(device, rank, operation);
-    auto state = std::make_shared<detail::comm_state>(rank, size, device, std::move(opts), operation);
+    auto state = std::make_shared<detail::comm_state>(rank, size, device, std::move(opts));
+    state->acquire(operation);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     if (!state->opts.name.empty()) config.commName = state->opts.name.c_str();
-    check_nccl(ncclCommInitRankConfig(&state->comm, size, id.native, rank, &config), rank, operation,
+    // Kept out of `state` until it succeeded: a failed init is cleaned up by NCCL itself.
+    ncclComm_t comm = nullptr;
+    check_nccl(ncclCommInitRankConfig(&comm, size, id.native, rank, &config), rank, operation,
                "ncclCommInitRankConfig");
+    state->comm = comm;
     return communicator(std::move(state));
   }
 
@@ -264,10 +268,13 @@ class communicator {
       if (r == rank()) throw usage_error(rank(), operation, "an excluded rank must not call shrink()");
     }
     device_guard on_device(device(), rank(), operation);
-    auto next = std::make_shared<detail::comm_state>(rank(), size(), device(), state_->opts, operation);
+    auto next = std::make_shared<detail::comm_state>(rank(), size(), device(), state_->opts);
+    next->acquire(operation);
     const int flags = mode == shrink_mode::abort_pending ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
-    check_nccl(ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &next->comm, nullptr, flags),
+    ncclComm_t shrunk = nullptr;
+    check_nccl(ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &shrunk, nullptr, flags),
                rank(), operation, "ncclCommShrink", comm);
+    next->comm = shrunk;
     if (mode == shrink_mode::abort_pending) {
       state_->mark_revoked("rank " + std::to_string(rank()) + " shrank it, aborting pending work");
     }
