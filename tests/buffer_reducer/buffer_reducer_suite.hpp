@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ddp/buffer_reducer.hpp>
+#include <ddp/join.hpp>
 #include <ddp/strategies/allreduce.hpp>
 #include <ddp/strategies/any.hpp>
 #include <ddp/strategies/broadcast.hpp>
@@ -725,6 +726,74 @@ inline void join_with_period(ddp::communicator_ref comm) {
   SUITE_EXPECT(seen[0] == size, "after join: " << seen[0]);
 }
 
+// ---- with the real JoinContext ------------------------------------------------------------------------
+
+/// Uneven inputs: rank r has 3 + r batches (rank 0 runs out first, the last rank trains longest).
+/// Each iteration: notify(), sync(), check on the training ranks; then finish() on every rank.
+/// Strategies: a per-iteration count (sum: equals the ranks training), a mean of the ranks
+/// (divided by the ranks training), a broadcast from rank 0 (falls back to the authoritative rank
+/// once rank 0 joined), a max. After finish() every rank holds the last sync's values, and with a
+/// period the ranks continue in step.
+inline void join_context_uneven(ddp::communicator_ref comm, std::uint64_t period) {
+  namespace st = ddp::strategies;
+  const int rank = comm.rank();
+  const int size = comm.size();
+  ddp::BufferReducer buffers(comm, st::broadcast{}, {.period = period});
+  std::vector<std::int64_t> seen(2);
+  std::vector<float> mean_rank(3);
+  std::vector<double> from_root(4);
+  std::vector<std::int32_t> max_rank(5);
+  buffers.add(seen, st::allreduce_sum{});
+  buffers.add(mean_rank, st::allreduce_mean{});
+  buffers.add(from_root);
+  buffers.add(max_rank, st::allreduce_max{});
+
+  ddp::JoinContext join({.hooks = {.divide_by_initial_world_size = false}}, buffers);
+  const int batches = 3 + rank;
+  std::uint64_t call = 0;
+  for (int b = 0; b < batches; ++b, ++call) {
+    const ddp::join_round& round = join.notify();
+    std::fill(seen.begin(), seen.end(), 1);
+    std::fill(mean_rank.begin(), mean_rank.end(), static_cast<float>(rank));
+    std::fill(from_root.begin(), from_root.end(), static_cast<double>(rank));
+    std::fill(max_rank.begin(), max_rank.end(), rank);
+    buffers.sync();
+    if (call % period != 0) continue;  // nothing communicated: local values stay
+    double mean = 0;
+    for (int r = 0; r < size; ++r) mean += round.training_rank(r) ? r : 0;
+    mean /= round.training;
+    const int root = round.training_rank(0) ? 0 : round.authoritative_rank;
+    const std::string where = "iteration " + std::to_string(b) + ", " + std::to_string(round.training) + " training";
+    SUITE_EXPECT(seen[0] == round.training, where << ": count " << seen[0]);
+    expect_close(mean_rank[0], mean, ddp::dtype::f32, where + ": mean");
+    SUITE_EXPECT(from_root[0] == root, where << ": broadcast " << from_root[0] << " != " << root);
+    SUITE_EXPECT(max_rank[0] == round.authoritative_rank, where << ": max " << max_rank[0]);
+  }
+  const ddp::join_summary summary = join.finish();
+  SUITE_EXPECT(summary.authoritative_rank == size - 1, "authoritative " << summary.authoritative_rank);
+
+  // The last communicating sync ran with the last rank alone (when the period let it communicate):
+  // every rank, joined or not, holds its values.
+  const std::uint64_t last_rank_calls = 3 + static_cast<std::uint64_t>(size - 1);
+  std::uint64_t last_communicating = (last_rank_calls - 1) / period * period;  // index of that call
+  const bool alone = last_communicating >= 3 + static_cast<std::uint64_t>(size - 2);
+  if (alone) {
+    SUITE_EXPECT(seen[0] == 1, "after finish: count " << seen[0]);
+    expect_close(mean_rank[0], size - 1, ddp::dtype::f32, "after finish: mean");
+    SUITE_EXPECT(from_root[0] == size - 1, "after finish: broadcast " << from_root[0]);
+    SUITE_EXPECT(max_rank[0] == size - 1, "after finish: max " << max_rank[0]);
+  }
+  // The period's phase agrees again: two more syncs on every rank, one of them communicates.
+  SUITE_EXPECT(buffers.will_communicate() == (last_rank_calls % period == 0), "phase after finish");
+  for (std::uint64_t k = 0; k < period; ++k) {
+    std::fill(seen.begin(), seen.end(), 1);
+    buffers.sync();
+  }
+  SUITE_EXPECT(buffers.stats().communicating_syncs + buffers.stats().shadowed_syncs ==
+                   (last_rank_calls + period - 1) / period + 1,
+               "syncs on rank " << rank << ": " << buffers.stats());
+}
+
 /// Everything except the layout-mismatch and join cases (which need 2 ranks or more).
 inline void run_all(ddp::communicator_ref comm) {
   seed_003(comm, false);
@@ -741,6 +810,9 @@ inline void run_all(ddp::communicator_ref comm) {
     layout_mismatch(comm);
     join_every_strategy(comm);
     join_with_period(comm);
+    join_context_uneven(comm, 1);
+    join_context_uneven(comm, 2);
+    join_context_uneven(comm, 3);
   }
 }
 

@@ -157,3 +157,10 @@ TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks ti
       opts);
   CHECK(timeouts == 1);
 }
+
+TEST_CASE("local: with the JoinContext, uneven inputs, periods 1 to 3", "[local][buffer_reducer][join]") {
+  for (std::uint64_t period : {1u, 2u, 3u}) {
+    INFO("period " << period);
+    on_ranks(2, 4, [period](ddp::communicator_ref c) { br_suite::join_context_uneven(c, period); });
+  }
+}
