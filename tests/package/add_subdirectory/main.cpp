@@ -1,6 +1,6 @@
 // Consumer of ddp as a subproject: a 3-rank allreduce over the in-process backend.
-#include <ddp/communicator.hpp>
-#include <ddp/local/communicator.hpp>
+#include <ddp/ddp.hpp>
+#include <ddp/local.hpp>
 
 #include <atomic>
 #include <cstdio>
