@@ -1,1 +1,54 @@
-# gloo backend target (filled in by the gloo work)
+# gloo backend and rendezvous stores.
+#
+# Targets (all INTERFACE, header-only on our side):
+#   ddp_gloo  / ddp::gloo   the gloo communicator (include <ddp/gloo.hpp>); links ddp_core and libgloo.
+#   ddp_redis / ddp::redis  the Redis rendezvous store (include <ddp/stores/redis_store.hpp>); links
+#                           ddp_core and hiredis. Only defined when hiredis is found.
+# The store concept, the file store and the namespacing wrapper need nothing beyond ddp_core.
+#
+# Sets DDP_WITH_GLOO (and DDP_WITH_REDIS) to TRUE when the dependency was found. This file is
+# include()d at the top level, so plain set() reaches the rest of the project.
+
+# libgloo: Debian's libgloo-dev ships a CMake package (imported target `gloo`). Imported targets'
+# include directories are SYSTEM includes for consumers, which matters: gloo's headers trip
+# -Wsign-compare and several clang warnings under -Werror.
+find_package(Gloo CONFIG QUIET)
+if(NOT TARGET gloo)
+  # No package file (gloo built by hand): look for the header and library directly and make the
+  # same imported target, so exported targets name `gloo` either way.
+  find_path(DDP_GLOO_INCLUDE_DIR gloo/allreduce.h)
+  find_library(DDP_GLOO_LIBRARY gloo)
+  if(DDP_GLOO_INCLUDE_DIR AND DDP_GLOO_LIBRARY)
+    add_library(gloo SHARED IMPORTED)
+    set_target_properties(gloo PROPERTIES
+      IMPORTED_LOCATION "${DDP_GLOO_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${DDP_GLOO_INCLUDE_DIR}")
+  endif()
+endif()
+
+if(TARGET gloo)
+  add_library(ddp_gloo INTERFACE)
+  add_library(ddp::gloo ALIAS ddp_gloo)
+  set_target_properties(ddp_gloo PROPERTIES EXPORT_NAME gloo)
+  target_link_libraries(ddp_gloo INTERFACE ddp_core gloo)
+  list(APPEND DDP_EXPORTED_TARGETS ddp_gloo)
+  set(DDP_WITH_GLOO TRUE)
+  message(STATUS "ddp: gloo found (${Gloo_DIR}${DDP_GLOO_LIBRARY})")
+else()
+  message(STATUS "ddp: gloo not found; the gloo backend is not built")
+endif()
+
+# hiredis, for the Redis store. We include <hiredis/hiredis.h> (the nested form), so only the
+# library is needed from it.
+set(DDP_WITH_REDIS FALSE)
+find_path(DDP_HIREDIS_INCLUDE_DIR hiredis/hiredis.h)
+find_library(DDP_HIREDIS_LIBRARY hiredis)
+if(DDP_HIREDIS_INCLUDE_DIR AND DDP_HIREDIS_LIBRARY)
+  add_library(ddp_redis INTERFACE)
+  add_library(ddp::redis ALIAS ddp_redis)
+  set_target_properties(ddp_redis PROPERTIES EXPORT_NAME redis)
+  target_link_libraries(ddp_redis INTERFACE ddp_core "${DDP_HIREDIS_LIBRARY}")
+  list(APPEND DDP_EXPORTED_TARGETS ddp_redis)
+  set(DDP_WITH_REDIS TRUE)
+endif()
+message(STATUS "ddp: Redis store (hiredis): ${DDP_WITH_REDIS}")

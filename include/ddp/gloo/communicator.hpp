@@ -1,0 +1,249 @@
+#pragma once
+/// @file gloo/communicator.hpp
+/// @brief `ddp::gloo::communicator`: a CPU communicator over gloo's TCP transport, built through
+/// a rendezvous store, that survives the death of a peer.
+///
+/// What a failure looks like from a survivor: the pending and later collectives fail with
+/// `communication_error` (a peer's connection ended) or `timeout_error` (a peer stopped
+/// answering), within milliseconds of a death or at the configured timeout for a stopped
+/// process; never a hang, never a crash, never SIGPIPE. The communicator stays broken; the
+/// survivors build a new one in a fresh generation of the store (see gloo/join.hpp) and
+/// destroy or leak the old one, which neither hangs nor crashes.
+///
+/// Threads: collectives may be issued from any thread (one at a time per call; ranks must agree
+/// on the order). Work handles may be waited on from any thread.
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <ddp/communicator.hpp>
+#include <ddp/error.hpp>
+#include <ddp/gloo/collectives.hpp>
+#include <ddp/gloo/engine.hpp>
+#include <ddp/gloo/errors.hpp>
+#include <ddp/gloo/options.hpp>
+#include <ddp/gloo/queued_work.hpp>
+#include <ddp/gloo/rendezvous_store.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/store.hpp>
+#include <ddp/stores/sigpipe.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::gloo {
+
+/// One rank's handle on a gloo communicator. Move-only.
+class communicator {
+ public:
+  /// Connects rank `rank` of a `size`-member communicator. Every member calls this with the same
+  /// store namespace (a fresh one per communicator: stores::generation_store), `size` and
+  /// `opts.key_prefix`. The store is used only while connecting.
+  /// @throws usage_error for a bad rank or size, or a namespace an earlier communicator used;
+  ///         timeout_error if a member did not show up within `opts.connect_timeout`;
+  ///         communication_error if connecting failed
+  communicator(store_ref store, int rank, int size, options opts = {}) : rank_(rank), size_(size) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw usage_error(rank, "gloo connect",
+                        "rank " + std::to_string(rank) + " is not a rank of a communicator of size " + std::to_string(size));
+    }
+    if (opts.timeout.count() <= 0 || opts.connect_timeout.count() <= 0) {
+      throw usage_error(rank, "gloo connect", "timeouts must be positive");
+    }
+    const auto deadline = clock::now() + opts.connect_timeout;
+    // gloo's I/O thread is created with the device and inherits this thread's signal mask, and
+    // the worker thread below too: SIGPIPE stays blocked in them for good (stores/sigpipe.hpp).
+    const sigpipe_guard no_sigpipe;
+    std::shared_ptr<::gloo::transport::Device> device;
+    try {
+      ::gloo::transport::tcp::attr attr;
+      if (!opts.interface.empty()) {
+        attr.iface = opts.interface;
+      } else {
+        attr.hostname = opts.hostname;
+      }
+      device = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw communication_error(rank, "gloo connect",
+                                "cannot listen on '" + (opts.interface.empty() ? opts.hostname : opts.interface) +
+                                    "': " + e.what());
+    }
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    // Connecting waits on peers with the context's timeout: keep it within the connect budget.
+    ctx->setTimeout(std::min(opts.timeout, opts.connect_timeout));
+    detail::rendezvous_store rendezvous(store, opts.key_prefix, rank, deadline);
+    op_info connect_info;
+    connect_info.rank = rank;
+    connect_info.name = "connect";
+    try {
+      ctx->connectFullMesh(rendezvous, device);
+    } catch (...) {
+      const auto e = detail::translate_current_exception(connect_info);
+      try {
+        std::rethrow_exception(e);
+      } catch (const ddp::error& x) {
+        rethrow_as_connect_error(x, rank, size);
+      }
+    }
+    ctx->setTimeout(opts.timeout);
+    engine_ = std::make_shared<detail::engine>(std::move(ctx), opts.timeout, opts.widen_half);
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&& other) noexcept {
+    if (this != &other) {
+      if (engine_) engine_->shutdown();
+      engine_ = std::move(other.engine_);
+      rank_ = other.rank_;
+      size_ = other.size_;
+    }
+    return *this;
+  }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+
+  /// Stops the worker and closes the connections. Pending work is aborted first (it fails with
+  /// communication_error); returns promptly either way.
+  ~communicator() {
+    if (engine_) engine_->shutdown();
+  }
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+
+  /// Deadline of each collective issued from now on.
+  [[nodiscard]] std::chrono::milliseconds timeout() const { return live("timeout").timeout(); }
+  void set_timeout(std::chrono::milliseconds t) {
+    if (t.count() <= 0) throw usage_error(rank_, "set_timeout", "timeout must be positive");
+    live("set_timeout").set_timeout(t);
+  }
+
+  work allreduce(std::span<const tensor_view> ts, reduce_op op) {
+    op_info info = make_info("allreduce", ts);
+    info.op = op;
+    std::vector<tensor_view> views(ts.begin(), ts.end());
+    return issue(info, [views = std::move(views), op](detail::call_context& c) { detail::run_allreduce(c, views, op); });
+  }
+
+  work broadcast(std::span<const tensor_view> ts, int root) {
+    op_info info = make_info("broadcast", ts);
+    info.root = root;
+    if (root < 0 || root >= size_) {
+      throw usage_error(rank_, info.describe(),
+                        "root " + std::to_string(root) + " is not a rank of a communicator of size " + std::to_string(size_));
+    }
+    std::vector<tensor_view> views(ts.begin(), ts.end());
+    return issue(info,
+                 [views = std::move(views), root](detail::call_context& c) { detail::run_broadcast(c, views, root); });
+  }
+
+  work allgather(tensor_view in, tensor_view out) {
+    const tensor_view both[] = {in, out};
+    op_info info = make_info("allgather", both);
+    info.count = in.count;
+    check_same_type(info, in, out);
+    if (out.count != in.count * static_cast<std::size_t>(size_)) {
+      throw usage_error(rank_, info.describe(), "output has " + std::to_string(out.count) +
+                                                    " elements, expected input count " + std::to_string(in.count) +
+                                                    " x size " + std::to_string(size_));
+    }
+    return issue(info, [in, out](detail::call_context& c) { detail::run_allgather(c, in, out); });
+  }
+
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
+    const tensor_view both[] = {in, out};
+    op_info info = make_info("reduce_scatter", both);
+    info.count = in.count;
+    info.op = op;
+    check_same_type(info, in, out);
+    if (in.count != out.count * static_cast<std::size_t>(size_)) {
+      throw usage_error(rank_, info.describe(), "input has " + std::to_string(in.count) +
+                                                    " elements, expected output count " + std::to_string(out.count) +
+                                                    " x size " + std::to_string(size_));
+    }
+    return issue(info, [in, out, op](detail::call_context& c) { detail::run_reduce_scatter(c, in, out, op); });
+  }
+
+  work barrier() {
+    op_info info = make_info("barrier", {});
+    return issue(info, [](detail::call_context& c) { detail::run_barrier(c); });
+  }
+
+  /// Pending work of this rank fails with communication_error; a running collective is woken
+  /// (its connections are shut down, so peers' pending work fails promptly too). Later calls
+  /// throw usage_error. Never blocks on the network.
+  void abort() noexcept {
+    if (engine_) engine_->abort("rank " + std::to_string(rank_) + " aborted its communicator");
+  }
+
+  /// True after abort() (or after a work handle gave up on a pending operation).
+  [[nodiscard]] bool aborted() const { return engine_ && engine_->aborted(); }
+  /// Why the communicator stopped working: the first failure, or the abort ("" while healthy).
+  [[nodiscard]] std::string failure() const { return engine_ ? engine_->failure() : std::string("moved from"); }
+  /// Number of collectives issued so far.
+  [[nodiscard]] std::uint64_t issued() const { return engine_ ? engine_->issued() : 0; }
+
+ private:
+  [[noreturn]] static void rethrow_as_connect_error(const ddp::error& e, int rank, int size) {
+    const std::string op = "gloo connect (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+    // Keep the type and the message; replace the "ddp: rank ?, <op>: " prefix by who we are.
+    std::string what = e.what();
+    const std::string prefix = "ddp: " + (e.rank() >= 0 ? "rank " + std::to_string(e.rank()) : std::string("rank ?")) +
+                               (e.operation().empty() ? "" : ", " + e.operation()) + ": ";
+    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    if (dynamic_cast<const timeout_error*>(&e)) throw timeout_error(rank, op, what);
+    if (dynamic_cast<const usage_error*>(&e)) throw usage_error(rank, op, what);
+    throw communication_error(rank, op, what);
+  }
+
+  detail::engine& live(const char* what) const {
+    if (!engine_) throw usage_error(rank_, what, "communicator was moved from");
+    return *engine_;
+  }
+
+  op_info make_info(const char* name, std::span<const tensor_view> views) const {
+    op_info info;
+    info.rank = rank_;
+    info.name = name;
+    if (!views.empty()) info.type = views[0].type;
+    for (const auto& v : views) {
+      info.count += v.count;
+      if (!v.where.is_host()) {
+        throw usage_error(rank_, info.describe(), "the gloo backend needs host memory, got a tensor on " + v.where.str());
+      }
+      if (v.count > 0 && v.data == nullptr) throw usage_error(rank_, info.describe(), "tensor has no data pointer");
+    }
+    return info;
+  }
+
+  void check_same_type(const op_info& info, tensor_view in, tensor_view out) const {
+    if (in.type != out.type) {
+      throw usage_error(rank_, info.describe(), "input dtype " + std::string(name_of(in.type)) +
+                                                    " differs from output dtype " + std::string(name_of(out.type)));
+    }
+  }
+
+  work issue(const op_info& info, std::function<void(detail::call_context&)> body) {
+    auto& e = live(info.name);
+    std::exception_ptr failed_now;
+    auto op = e.submit(info, std::move(body), failed_now);
+    if (failed_now) return work::failed(std::move(failed_now));
+    return work(std::make_unique<detail::queued_work>(engine_, std::move(op)));
+  }
+
+  std::shared_ptr<detail::engine> engine_;
+  int rank_ = 0;
+  int size_ = 0;
+};
+
+static_assert(ddp::communicator<communicator>);
+
+}  // namespace ddp::gloo

@@ -1,0 +1,32 @@
+#pragma once
+/// @file gloo/options.hpp
+/// @brief Knobs of a gloo communicator.
+
+#include <chrono>
+#include <string>
+
+#include <ddp/work.hpp>
+
+namespace ddp::gloo {
+
+/// How a gloo communicator connects and how long its operations may take.
+struct options {
+  /// Deadline of every collective, measured from when it starts running (gloo's per-operation
+  /// timeout). A peer that stopped answering turns into `timeout_error` after this long.
+  std::chrono::milliseconds timeout = default_timeout;
+  /// Deadline of the whole rendezvous: every member publishing its address and every connection
+  /// being made. gloo itself would wait a fixed 30 s for a missing member; this bounds it.
+  std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
+  /// Address to listen on and to advertise to peers. Loopback unless an address is given: a
+  /// communicator reachable from the network is a decision, not a default.
+  std::string hostname = "127.0.0.1";
+  /// Network interface to listen on ("eth0"); when set, it replaces `hostname`.
+  std::string interface{};
+  /// Namespace of the communicator's keys inside the store it is given.
+  std::string key_prefix = "gloo/";
+  /// f16/bf16 are reduced in f32 on the wire: one rounding at the end, like the local backend,
+  /// for twice the bytes. False reduces them in their own format (each ring step rounds).
+  bool widen_half = true;
+};
+
+}  // namespace ddp::gloo

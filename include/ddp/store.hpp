@@ -1,0 +1,126 @@
+#pragma once
+/// @file store.hpp
+/// @brief The rendezvous `store` concept, and `store_ref`, the non-owning type-erased reference
+/// through which communicators and helpers use any store without being templated on it.
+///
+/// A store is a small key-value service every member of a job can reach: a directory on a shared
+/// file system (`stores::file_store`), a Redis server (`stores::redis_store`), or anything the
+/// user models. Communicators exchange their addresses through it; survivors of a failure meet
+/// in it to agree on a new member set.
+///
+/// Contract of a model:
+/// - Keys are 1..256 bytes of `[A-Za-z0-9_.:/@-]` (checked: `usage_error`). `/` separates
+///   namespaces (`job/g3/gloo/0`); `stores::prefix_store` adds such a prefix.
+/// - Values are bytes, at most the store's limit (`default_max_value_bytes` unless configured).
+///   A too-large value passed to `set` is a `usage_error`; a stored value that is truncated,
+///   corrupt, not written by ddp or over the limit is a `communication_error` on `get`.
+/// - `set(key, value)` replaces the value atomically: a reader sees the old or the new bytes,
+///   never a mix.
+/// - `get(key)` returns the value, or nothing if the key is not set. It never blocks.
+/// - `wait(keys, timeout)` returns once every key is set; throws `timeout_error` naming the keys
+///   still missing when `timeout` passes.
+/// - `add(key, delta)` adds atomically to a 64-bit counter (created at 0) and returns the new
+///   value; `add(key, 0)` reads it. Counters live beside values: `get`/`wait` do not see them.
+/// - `erase_prefix(prefix)` removes every value and counter whose key starts with `prefix` and
+///   returns how many it removed.
+/// - Failures to reach the backing service are `communication_error`s.
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <ddp/error.hpp>
+
+namespace ddp {
+
+/// The bytes of a stored value.
+using store_value = std::vector<std::byte>;
+
+/// Largest value a store accepts unless configured otherwise. Rendezvous data is small (a gloo
+/// address is 136 bytes per peer); a limit catches a wrong key pointing at something huge.
+inline constexpr std::size_t default_max_value_bytes = std::size_t{4} << 20;
+
+/// Longest key, in bytes (keeps file-store names under the usual 255-byte file-name limit).
+inline constexpr std::size_t max_key_bytes = 256;
+
+template <class S>
+concept store = requires(S& s, std::string_view key, std::span<const std::byte> value,
+                         std::span<const std::string> keys, std::chrono::milliseconds timeout, std::int64_t delta) {
+  { s.set(key, value) } -> std::same_as<void>;
+  { s.get(key) } -> std::same_as<std::optional<store_value>>;
+  { s.wait(keys, timeout) } -> std::same_as<void>;
+  { s.add(key, delta) } -> std::same_as<std::int64_t>;
+  { s.erase_prefix(key) } -> std::same_as<std::size_t>;
+};
+
+/// Non-owning reference to any store. Cheap to copy; the store must outlive the reference.
+class store_ref {
+ public:
+  template <store S>
+    requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
+  store_ref(S& s) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
+      : obj_(&s), vt_(&table_for<S>) {}
+  template <store S>
+    requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
+  store_ref(S&&) = delete;  // would dangle
+
+  void set(std::string_view key, std::span<const std::byte> value) const { vt_->set(obj_, key, value); }
+  [[nodiscard]] std::optional<store_value> get(std::string_view key) const { return vt_->get(obj_, key); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) const {
+    vt_->wait(obj_, keys, timeout);
+  }
+  std::int64_t add(std::string_view key, std::int64_t delta) const { return vt_->add(obj_, key, delta); }
+  std::size_t erase_prefix(std::string_view prefix) const { return vt_->erase_prefix(obj_, prefix); }
+
+ private:
+  struct vtable {
+    void (*set)(void*, std::string_view, std::span<const std::byte>);
+    std::optional<store_value> (*get)(void*, std::string_view);
+    void (*wait)(void*, std::span<const std::string>, std::chrono::milliseconds);
+    std::int64_t (*add)(void*, std::string_view, std::int64_t);
+    std::size_t (*erase_prefix)(void*, std::string_view);
+  };
+
+  template <class S>
+  static constexpr vtable table_for = {
+      [](void* o, std::string_view k, std::span<const std::byte> v) { static_cast<S*>(o)->set(k, v); },
+      [](void* o, std::string_view k) { return static_cast<S*>(o)->get(k); },
+      [](void* o, std::span<const std::string> ks, std::chrono::milliseconds t) { static_cast<S*>(o)->wait(ks, t); },
+      [](void* o, std::string_view k, std::int64_t d) { return static_cast<S*>(o)->add(k, d); },
+      [](void* o, std::string_view p) { return static_cast<S*>(o)->erase_prefix(p); },
+  };
+
+  void* obj_;
+  const vtable* vt_;
+};
+
+static_assert(store<store_ref>, "store_ref must itself model the concept");
+
+/// The bytes of a string, for `set`.
+[[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+/// A stored value read back as text.
+[[nodiscard]] inline std::string to_text(std::span<const std::byte> value) {
+  return {reinterpret_cast<const char*>(value.data()), value.size()};
+}
+
+/// Waits up to `timeout` for `key`, then returns its value.
+/// @throws timeout_error if the key is not set in time
+template <store S>
+[[nodiscard]] store_value wait_get(S& s, const std::string& key, std::chrono::milliseconds timeout) {
+  s.wait(std::span<const std::string>(&key, 1), timeout);
+  if (auto v = s.get(key)) return std::move(*v);
+  // Only a concurrent erase_prefix gets here: the key existed a moment ago.
+  throw communication_error(-1, "store get '" + key + "'", "the key was removed while it was being read");
+}
+
+}  // namespace ddp

@@ -1,0 +1,153 @@
+#pragma once
+/// @file stores/membership.hpp
+/// @brief `join_group`: processes that meet in a store agree on who is in the next group and on
+/// everyone's rank in it. Used by survivors of a failure to find each other before building
+/// the next generation's communicator; any backend can use it.
+///
+/// Protocol, in the (generation's) namespace it is given:
+/// 1. Each process takes an arrival number from the counter `members/arrivals` and publishes
+///    its id under `members/<arrival>`.
+/// 2. The first arrival closes the group: as soon as `max_members` arrived, or once
+///    `min_members` arrived and `settle` passed without reaching `max_members`. It writes the
+///    admitted arrivals to `members/closed` in one atomic set. There is exactly one writer, so
+///    every process reads the same list: no two views of the group can exist.
+/// 3. Everyone reads `members/closed`. Ranks follow the order of ids (then of arrival). An
+///    arrival that is not in the list (came after the group closed) gets `communication_error`
+///    and should try the next generation.
+/// If the first arrival dies before closing the group, the others time out: move on to the
+/// next generation. Arrivals that die after closing are found by the communicator built next.
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <ddp/error.hpp>
+#include <ddp/store.hpp>
+#include <ddp/stores/backoff.hpp>
+#include <ddp/stores/codec.hpp>
+
+namespace ddp::stores {
+
+/// How a group forms.
+struct group_options {
+  int min_members = 1;        ///< the group does not form with fewer
+  int max_members = INT_MAX;  ///< the group forms at once when this many arrived
+  /// After `min_members` arrived, how long the first arrival waits for more before closing.
+  std::chrono::milliseconds settle{200};
+  std::chrono::milliseconds timeout{30000};  ///< overall deadline for forming the group
+};
+
+/// The agreed group, as one member sees it.
+struct membership {
+  int rank = -1;                     ///< this member's rank: its index in `members`
+  std::vector<std::string> members;  ///< ids, in rank order
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(members.size()); }
+};
+
+namespace detail {
+struct arrival {
+  std::int64_t index;
+  std::string id;
+};
+inline std::string encode_members(const std::vector<arrival>& list) {
+  std::string s;
+  for (const auto& a : list) s += std::to_string(a.index) + " " + a.id + "\n";
+  return s;
+}
+inline std::vector<arrival> decode_members(const std::string& text) {
+  std::vector<arrival> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const auto nl = text.find('\n', pos);
+    const auto sp = text.find(' ', pos);
+    if (nl == std::string::npos || sp == std::string::npos || sp > nl || sp == pos) {
+      throw communication_error(-1, "join_group", "malformed member list in the store");
+    }
+    arrival a{0, text.substr(sp + 1, nl - sp - 1)};
+    for (std::size_t i = pos; i < sp; ++i) {
+      if (text[i] < '0' || text[i] > '9') throw communication_error(-1, "join_group", "malformed member list");
+      a.index = a.index * 10 + (text[i] - '0');
+    }
+    check_key(a.id, "join_group (member list)");
+    out.push_back(std::move(a));
+    pos = nl + 1;
+  }
+  return out;
+}
+}  // namespace detail
+
+/// Joins the group forming in `s` (give it a fresh generation's namespace; see prefix_store.hpp).
+/// @param id  this process's name in the group (key characters; need not be unique)
+/// @throws timeout_error if the group did not form in time; communication_error if it formed
+///         without this process
+template <store S>
+[[nodiscard]] membership join_group(S& s, std::string_view id, const group_options& opts = {}) {
+  detail::check_key(id, "join_group");
+  if (opts.min_members < 1 || opts.max_members < opts.min_members) {
+    throw usage_error(-1, "join_group", "need 1 <= min_members <= max_members, got " +
+                                            std::to_string(opts.min_members) + " and " +
+                                            std::to_string(opts.max_members));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + opts.timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+  };
+  const std::int64_t me = s.add("members/arrivals", 1) - 1;
+  s.set("members/" + std::to_string(me), as_bytes(id));
+
+  if (me == 0) {  // the first arrival closes the group
+    std::int64_t arrived = 1;
+    std::chrono::steady_clock::time_point enough_since{};
+    bool enough = false;
+    stores::detail::backoff pause(std::chrono::milliseconds(5));
+    for (;;) {
+      arrived = s.add("members/arrivals", 0);
+      if (arrived >= opts.max_members) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (arrived >= opts.min_members) {
+        if (!enough) {
+          enough = true;
+          enough_since = now;
+        }
+        if (now - enough_since >= opts.settle) break;
+      }
+      if (now >= deadline) {
+        if (enough) break;
+        throw timeout_error(-1, "join_group", "only " + std::to_string(arrived) + " of at least " +
+                                                  std::to_string(opts.min_members) + " members arrived within " +
+                                                  std::to_string(opts.timeout.count()) + " ms");
+      }
+      pause.sleep_until_next(deadline);
+    }
+    const std::int64_t n = std::min<std::int64_t>(arrived, opts.max_members);
+    std::vector<detail::arrival> list;
+    for (std::int64_t i = 0; i < n; ++i) {
+      // Arrival i counted itself before publishing its id: give it the time that is left.
+      list.push_back({i, to_text(wait_get(s, "members/" + std::to_string(i), left()))});
+    }
+    std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    s.set("members/closed", as_bytes(detail::encode_members(list)));
+  }
+
+  const auto closed = detail::decode_members(to_text(wait_get(s, "members/closed", left())));
+  membership m;
+  for (const auto& a : closed) {
+    if (a.index == me) m.rank = static_cast<int>(m.members.size());
+    m.members.push_back(a.id);
+  }
+  if (m.rank < 0) {
+    throw communication_error(-1, "join_group", "arrived after the group closed with " +
+                                                    std::to_string(m.members.size()) +
+                                                    " members; join the next generation");
+  }
+  return m;
+}
+
+}  // namespace ddp::stores

@@ -1,0 +1,250 @@
+#pragma once
+/// @file stores/redis_store.hpp
+/// @brief `redis_store`: a rendezvous store on a Redis server, for jobs spanning nodes without a
+/// shared file system. Link `ddp::redis` (hiredis).
+///
+/// Talks to Redis through hiredis directly rather than through gloo's RedisStore, for three
+/// reasons: every command has a timeout (a stopped server is an error, not a hang); a lost
+/// connection is re-established on the next call (gloo's store object is dead for good once the
+/// server restarts); and counters (INCRBY) and prefix deletion (SCAN + DEL) are available.
+/// Values are `v:<key>` strings holding framed bytes (see stores/codec.hpp); counters are
+/// `c:<key>` integers. Connects to 127.0.0.1:6379 unless told otherwise.
+
+#include <sys/time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include <ddp/error.hpp>
+#include <ddp/store.hpp>
+#include <ddp/stores/backoff.hpp>
+#include <ddp/stores/codec.hpp>
+#include <ddp/stores/sigpipe.hpp>
+
+namespace ddp::stores {
+
+/// Where the Redis server is and how long to wait for it.
+struct redis_options {
+  std::string host = "127.0.0.1";  ///< loopback unless an address is given
+  int port = 6379;
+  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds command_timeout{5000};  ///< one command's round trip
+  std::chrono::milliseconds poll_interval{5};       ///< longest sleep between checks in `wait`
+  std::size_t max_value_bytes = default_max_value_bytes;
+};
+
+/// A store on a Redis server. Move-only; thread-safe (one connection, used under a lock).
+class redis_store {
+ public:
+  /// Connects at once, so that a wrong address fails here.
+  /// @throws communication_error if the server cannot be reached
+  explicit redis_store(redis_options opts = {}) : opts_(std::move(opts)), m_(std::make_unique<std::mutex>()) {
+    std::lock_guard lk(*m_);
+    connect("redis_store");
+  }
+
+  void set(std::string_view key, std::span<const std::byte> value) {
+    detail::check_key(key, "store set");
+    detail::check_value_size(key, value.size(), opts_.max_value_bytes);
+    const std::string k = "v:" + std::string(key);
+    const auto framed = detail::encode_frame(value);
+    reply r = command("store set '" + std::string(key) + "'",
+                      {"SET", k, std::string_view(reinterpret_cast<const char*>(framed.data()), framed.size())});
+    expect(r, REDIS_REPLY_STATUS, "store set '" + std::string(key) + "'");
+  }
+
+  [[nodiscard]] std::optional<store_value> get(std::string_view key) {
+    detail::check_key(key, "store get");
+    const std::string op = "store get '" + std::string(key) + "'";
+    reply r = command(op, {"GET", "v:" + std::string(key)});
+    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
+    expect(r, REDIS_REPLY_STRING, op);
+    if (r->len > detail::max_frame_bytes(opts_.max_value_bytes)) {
+      throw communication_error(-1, op, "malformed value in " + where() + ": " + std::to_string(r->len) +
+                                            " bytes, more than the limit of " +
+                                            std::to_string(opts_.max_value_bytes) + " plus header");
+    }
+    const auto* p = reinterpret_cast<const std::byte*>(r->str);
+    return detail::decode_frame(std::span<const std::byte>(p, r->len), key, opts_.max_value_bytes, where());
+  }
+
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+    for (const auto& k : keys) detail::check_key(k, "store wait");
+    // EXISTS counts every existing argument: one round trip checks all keys, once duplicates
+    // are gone (a duplicate would be counted twice).
+    std::vector<std::string> unique(keys.begin(), keys.end());
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    if (unique.empty()) return;
+    std::vector<std::string> args{"EXISTS"};
+    for (const auto& k : unique) args.push_back("v:" + k);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    detail::backoff pause(opts_.poll_interval);
+    for (;;) {
+      reply r = command("store wait", to_views(args));
+      expect(r, REDIS_REPLY_INTEGER, "store wait");
+      if (r->integer >= static_cast<long long>(unique.size())) return;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw timeout_error(-1, "store wait",
+                            "keys not set within " + std::to_string(timeout.count()) +
+                                " ms: " + detail::list_keys(missing(unique)) + " (" + where() + ")");
+      }
+      pause.sleep_until_next(deadline);
+    }
+  }
+
+  std::int64_t add(std::string_view key, std::int64_t delta) {
+    detail::check_key(key, "store add");
+    const std::string op = "store add '" + std::string(key) + "'";
+    if (delta == 0) return read_counter(key, op);  // INCRBY 0 would create the key
+    reply r = command(op, {"INCRBY", "c:" + std::string(key), std::to_string(delta)});
+    expect(r, REDIS_REPLY_INTEGER, op);
+    return static_cast<std::int64_t>(r->integer);
+  }
+
+  std::size_t erase_prefix(std::string_view prefix) {
+    detail::check_key(prefix, "store erase_prefix", /*allow_empty=*/true);
+    // Keys are restricted to characters that are not glob syntax, so the pattern needs no escaping.
+    const std::string pattern = "[vc]:" + std::string(prefix) + "*";
+    std::string cursor = "0";
+    std::size_t removed = 0;
+    do {
+      reply r = command("store erase_prefix", {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+      expect(r, REDIS_REPLY_ARRAY, "store erase_prefix");
+      if (r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+        throw communication_error(-1, "store erase_prefix", "unexpected SCAN reply from " + where());
+      }
+      cursor.assign(r->element[0]->str, r->element[0]->len);
+      const redisReply* found = r->element[1];
+      if (found->elements > 0) {
+        std::vector<std::string> del{"DEL"};
+        for (std::size_t i = 0; i < found->elements; ++i) del.emplace_back(found->element[i]->str, found->element[i]->len);
+        reply d = command("store erase_prefix", to_views(del));
+        expect(d, REDIS_REPLY_INTEGER, "store erase_prefix");
+        removed += static_cast<std::size_t>(d->integer);
+      }
+    } while (cursor != "0");
+    return removed;
+  }
+
+  [[nodiscard]] const redis_options& options() const noexcept { return opts_; }
+
+ private:
+  struct context_deleter {
+    void operator()(redisContext* c) const noexcept { redisFree(c); }
+  };
+  struct reply_deleter {
+    void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+  };
+  using reply = std::unique_ptr<redisReply, reply_deleter>;
+
+  static timeval to_timeval(std::chrono::milliseconds ms) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
+    return tv;
+  }
+
+  std::string where() const { return "redis " + opts_.host + ":" + std::to_string(opts_.port); }
+
+  // Caller holds the lock.
+  void connect(const std::string& op) {
+    ctx_.reset(redisConnectWithTimeout(opts_.host.c_str(), opts_.port, to_timeval(opts_.connect_timeout)));
+    if (!ctx_) throw communication_error(-1, op, "cannot allocate a connection to " + where());
+    if (ctx_->err) {
+      const std::string why = ctx_->errstr;
+      ctx_.reset();
+      throw communication_error(-1, op, "cannot connect to " + where() + ": " + why);
+    }
+    if (redisSetTimeout(ctx_.get(), to_timeval(opts_.command_timeout)) != REDIS_OK) {
+      ctx_.reset();
+      throw communication_error(-1, op, "cannot set the command timeout on the connection to " + where());
+    }
+  }
+
+  static std::vector<std::string_view> to_views(const std::vector<std::string>& args) {
+    return {args.begin(), args.end()};
+  }
+
+  // One command, binary safe. A broken connection is dropped and re-made by the next command,
+  // so a restarted server is usable again; the failing command itself throws.
+  reply command(const std::string& op, std::vector<std::string_view> args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> argl;
+    for (auto a : args) {
+      argv.push_back(a.data());
+      argl.push_back(a.size());
+    }
+    std::lock_guard lk(*m_);
+    if (!ctx_) connect(op);
+    const sigpipe_guard no_sigpipe;  // hiredis writes with write(2): a dead server must not kill us
+    auto* raw = static_cast<redisReply*>(
+        redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), argl.data()));
+    if (raw == nullptr) {
+      const std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+      ctx_.reset();
+      throw communication_error(-1, op, where() + ": " + why);
+    }
+    reply r(raw);
+    if (r->type == REDIS_REPLY_ERROR) {
+      throw communication_error(-1, op, where() + " replied: " + std::string(r->str, r->len));
+    }
+    return r;
+  }
+
+  void expect(const reply& r, int type, const std::string& op) const {
+    if (r->type != type) {
+      throw communication_error(-1, op, "unexpected reply type " + std::to_string(r->type) + " from " + where());
+    }
+  }
+
+  // A counter's value without creating it; validated like anything read back.
+  std::int64_t read_counter(std::string_view key, const std::string& op) {
+    reply r = command(op, {"GET", "c:" + std::string(key)});
+    if (r->type == REDIS_REPLY_NIL) return 0;
+    expect(r, REDIS_REPLY_STRING, op);
+    const std::string text(r->str, r->len);
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (text.empty() || used != text.size() || text.size() > 20) {
+      throw communication_error(-1, op, "malformed counter in " + where() + ": not an integer");
+    }
+    return static_cast<std::int64_t>(v);
+  }
+
+  // For the error message of a timed-out wait.
+  std::vector<std::string> missing(std::span<const std::string> keys) {
+    std::vector<std::string> out;
+    for (const auto& k : keys) {
+      reply r = command("store wait", {"EXISTS", "v:" + k});
+      expect(r, REDIS_REPLY_INTEGER, "store wait");
+      if (r->integer == 0) out.push_back(k);
+    }
+    return out;
+  }
+
+  redis_options opts_;
+  std::unique_ptr<std::mutex> m_;  // in a box so the store can move
+  std::unique_ptr<redisContext, context_deleter> ctx_;
+};
+
+static_assert(store<redis_store>);
+
+}  // namespace ddp::stores
