@@ -16,10 +16,12 @@
 /// Every gloo call gets its own tag (slot), so a rank one call ahead or behind cannot have its
 /// data taken for another call's: it times out instead.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
@@ -36,14 +39,67 @@
 
 namespace ddp::gloo::detail {
 
-/// What every gloo call of one communicator needs. Used by the worker thread only.
+/// The buffers gloo is working on right now, so that another thread can abort their waits
+/// (gloo/interrupt.hpp says why that is needed).
+class buffer_registry {
+ public:
+  void add(::gloo::transport::UnboundBuffer* b) {
+    std::lock_guard lk(m_);
+    live_.push_back(b);
+  }
+  void remove(::gloo::transport::UnboundBuffer* b) noexcept {
+    std::lock_guard lk(m_);
+    std::erase(live_, b);
+  }
+  /// Makes the current (or next) send and receive wait of every live buffer return at once.
+  /// gloo does not check what its waits return: the collective goes on with whatever is in the
+  /// buffers and soon fails on a broken pair; the engine reports it failed either way.
+  void abort_waits() noexcept {
+    std::lock_guard lk(m_);
+    for (auto* b : live_) {
+      b->abortWaitSend();
+      b->abortWaitRecv();
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<::gloo::transport::UnboundBuffer*> live_;
+};
+
+/// What every gloo call of one communicator needs. Used by the worker thread only, except
+/// `buffers`, which is thread-safe.
 struct call_context {
   std::shared_ptr<::gloo::Context> ctx;
   std::chrono::milliseconds timeout{};
   bool widen_half = true;
   std::uint32_t next_tag = 0;
+  buffer_registry* buffers = nullptr;
 
   std::uint32_t tag() noexcept { return next_tag++; }
+};
+
+/// A gloo buffer over caller memory, registered while gloo uses it. Declare it after the gloo
+/// options object that takes the buffer: it then unregisters before the buffer is freed.
+class registered_buffer {
+ public:
+  registered_buffer(call_context& c, void* data, std::size_t bytes)
+      : registry_(c.buffers), buffer_(c.ctx->createUnboundBuffer(data, bytes)), raw_(buffer_.get()) {
+    if (registry_) registry_->add(raw_);
+  }
+  ~registered_buffer() {
+    if (registry_) registry_->remove(raw_);
+  }
+  registered_buffer(const registered_buffer&) = delete;
+  registered_buffer& operator=(const registered_buffer&) = delete;
+
+  /// Hands the buffer to gloo (once).
+  std::unique_ptr<::gloo::transport::UnboundBuffer> give() { return std::move(buffer_); }
+
+ private:
+  buffer_registry* registry_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer_;
+  ::gloo::transport::UnboundBuffer* raw_;
 };
 
 /// gloo's reduction callback: out = a (op) b over n elements; out may alias a or b.
@@ -70,7 +126,8 @@ inline void allreduce_contiguous(call_context& c, void* data, std::size_t n, dty
   if (n == 0) return;
   ddp::detail::visit_dtype(t, [&]<class T>(T) {
     ::gloo::AllreduceOptions o(c.ctx);
-    o.setOutput<T>(static_cast<T*>(data), n);
+    registered_buffer out(c, data, n * sizeof(T));
+    o.setOutput<T>(out.give());
     o.setReduceFunction(reduce_function(t, op));
     o.setTag(c.tag());
     o.setTimeout(c.timeout);
@@ -112,7 +169,8 @@ inline void run_allreduce(call_context& c, std::span<const tensor_view> views, r
 
 inline void broadcast_bytes(call_context& c, void* data, std::size_t bytes, int root) {
   ::gloo::BroadcastOptions o(c.ctx);
-  o.setOutput<std::uint8_t>(static_cast<std::uint8_t*>(data), bytes);
+  registered_buffer out(c, data, bytes);
+  o.setOutput<std::uint8_t>(out.give());
   o.setRoot(root);
   o.setTag(c.tag());
   o.setTimeout(c.timeout);
@@ -155,8 +213,10 @@ inline void run_broadcast(call_context& c, std::span<const tensor_view> views, i
 inline void run_allgather(call_context& c, tensor_view in, tensor_view out) {
   if (in.bytes() == 0) return;
   ::gloo::AllgatherOptions o(c.ctx);
-  o.setInput<std::uint8_t>(static_cast<std::uint8_t*>(in.data), in.bytes());
-  o.setOutput<std::uint8_t>(static_cast<std::uint8_t*>(out.data), out.bytes());
+  registered_buffer input(c, in.data, in.bytes());
+  registered_buffer output(c, out.data, out.bytes());
+  o.setInput<std::uint8_t>(input.give());
+  o.setOutput<std::uint8_t>(output.give());
   o.setTag(c.tag());
   o.setTimeout(c.timeout);
   ::gloo::allgather(o);

@@ -194,11 +194,8 @@ class communicator {
  private:
   [[noreturn]] static void rethrow_as_connect_error(const ddp::error& e, int rank, int size) {
     const std::string op = "gloo connect (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
-    // Keep the type and the message; replace the "ddp: rank ?, <op>: " prefix by who we are.
-    std::string what = e.what();
-    const std::string prefix = "ddp: " + (e.rank() >= 0 ? "rank " + std::to_string(e.rank()) : std::string("rank ?")) +
-                               (e.operation().empty() ? "" : ", " + e.operation()) + ": ";
-    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    // Keep the type and the message; say who we are once.
+    const std::string what = detail::bare_message(e);
     if (dynamic_cast<const timeout_error*>(&e)) throw timeout_error(rank, op, what);
     if (dynamic_cast<const usage_error*>(&e)) throw usage_error(rank, op, what);
     throw communication_error(rank, op, what);

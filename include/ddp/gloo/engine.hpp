@@ -1,7 +1,8 @@
 #pragma once
 /// @file gloo/engine.hpp
-/// @brief The worker behind a gloo communicator: a queue of collectives and the one thread that
-/// runs them, in issue order, as blocking gloo calls.
+/// @brief The machinery behind a gloo communicator: a queue of collectives, the worker thread
+/// that runs them in issue order as blocking gloo calls, and the monitor that wakes a
+/// collective gloo would leave blocked.
 ///
 /// gloo's collectives block the calling thread; the communicator concept wants non-blocking
 /// calls returning work handles. Each communicator therefore owns one worker thread. Issue order
@@ -12,13 +13,22 @@
 /// timeout (this is how a death two hops away reaches a rank that only talks to survivors),
 /// and every later operation fails with `communication_error` without touching the network.
 ///
-/// Abort: queued operations fail at once; a running one is woken by shutting its sockets down
-/// (gloo/interrupt.hpp) and fails as soon as gloo notices, well before its timeout. Only the
-/// worker thread ever calls into gloo's context, except for that shutdown, which only touches
-/// socket descriptors.
+/// Monitor: while a collective has run for more than 50 ms, a second thread checks every 50 ms
+/// whether one of the context's connections broke. gloo fails the operations of a broken pair,
+/// but not a send it already handed to the socket: that waits out the full timeout. When the
+/// monitor sees a broken connection it interrupts the collective (below) so the survivor fails
+/// within ~50 ms instead of at the timeout.
+///
+/// Interrupt (monitor, abort): the context's sockets are shut down, which makes gloo's I/O
+/// thread fail every pair here and the peers' pairs with us; then the waits on the buffers we
+/// gave gloo are aborted, every 10 ms until gloo returns. gloo does not check what its waits
+/// return, so an interrupted collective is reported failed however gloo returns. Only the
+/// worker thread calls into gloo's collectives; the others only touch socket descriptors and
+/// the buffers' abort flags, both thread-safe.
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +41,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <gloo/context.h>
 
@@ -59,13 +70,15 @@ struct queued_op {
 
 class engine {
  public:
-  /// Takes a connected context and starts the worker thread.
+  /// Takes a connected context and starts the worker and monitor threads.
   engine(std::shared_ptr<::gloo::Context> ctx, std::chrono::milliseconds timeout, bool widen_half)
-      : rank_(ctx->rank), size_(ctx->size), timeout_(timeout) {
+      : rank_(ctx->rank), size_(ctx->size), timeout_(timeout), addresses_(connection_addresses(*ctx)) {
     calls_.ctx = std::move(ctx);
     calls_.timeout = timeout;
     calls_.widen_half = widen_half;
+    calls_.buffers = &buffers_;
     worker_ = std::thread([this] { run(); });
+    monitor_ = std::thread([this] { watch(); });
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -137,7 +150,6 @@ class engine {
 
   /// Fails queued operations, wakes a running one, and makes later calls throw usage_error.
   void abort(const std::string& why) noexcept {
-    std::shared_ptr<::gloo::Context> ctx;
     {
       std::lock_guard lk(m_);
       if (aborted_) return;
@@ -145,12 +157,11 @@ class engine {
       if (failure_.empty()) failure_ = why;
       for (auto& op : queue_) fail(*op, std::make_exception_ptr(communication_error(rank_, op->info.describe(), why)));
       queue_.clear();
-      ctx = calls_.ctx;
       work_cv_.notify_all();
       done_cv_.notify_all();
     }
-    // Outside the lock: gloo's I/O thread reacts to the shutdown concurrently.
-    if (ctx) shutdown_connections(*ctx);
+    // Even with nothing running: peers blocked on this rank learn at once that it is gone.
+    interrupt(why);
   }
 
   [[nodiscard]] bool aborted() const {
@@ -167,9 +178,9 @@ class engine {
     return seq_;
   }
 
-  /// Stops the worker and releases the gloo context. Pending operations are aborted first;
-  /// without any, the context is closed gracefully (no reset connections). Never blocks longer
-  /// than a running operation's timeout, and only that long if the interrupt found no socket.
+  /// Stops the threads and releases the gloo context. Pending operations are aborted first;
+  /// without any, the context is closed gracefully (no reset connections). Blocks at most for
+  /// an interrupted collective to return: promptly, or at its timeout if no socket was found.
   void shutdown() noexcept {
     bool pending = false;
     {
@@ -181,8 +192,10 @@ class engine {
       std::lock_guard lk(m_);
       stop_ = true;
       work_cv_.notify_all();
+      monitor_cv_.notify_all();
     }
     if (worker_.joinable()) worker_.join();
+    if (monitor_.joinable()) monitor_.join();
     std::lock_guard lk(m_);
     calls_.ctx.reset();  // gloo closes its sockets and joins its I/O thread here
   }
@@ -193,25 +206,39 @@ class engine {
         rank_, info.describe(), "not run: the communicator failed earlier (" + failure_ + "); build a new one"));
   }
 
-  void fail(queued_op& op, std::exception_ptr e) {
+  static void fail(queued_op& op, std::exception_ptr e) {
     op.state = queued_op::status::failed;
     op.error = std::move(e);
     op.body = nullptr;  // drop the captured views now
   }
 
-  bool check(const queued_op& op) const {
+  static bool check(const queued_op& op) {
     if (op.state == queued_op::status::failed) std::rethrow_exception(op.error);
     return op.state == queued_op::status::done;
+  }
+
+  // Marks the running collective (if any) interrupted and wakes it; the monitor keeps aborting
+  // its buffers' waits until it returns.
+  void interrupt(const std::string& why) noexcept {
+    std::shared_ptr<::gloo::Context> ctx;
+    {
+      std::lock_guard lk(m_);
+      if (running_ && !interrupted_) {
+        interrupted_ = true;
+        interrupt_reason_ = why;
+      }
+      ctx = calls_.ctx;  // keeps the context alive while its sockets are touched
+      monitor_cv_.notify_all();
+    }
+    if (!ctx) return;
+    for_each_socket_of(addresses_, [](int fd, std::size_t) { ::shutdown(fd, SHUT_RDWR); });
+    buffers_.abort_waits();
   }
 
   void run() noexcept {
     // gloo writes with plain write(2): a dead peer must turn into EPIPE, not a fatal SIGPIPE.
     // Blocked for this thread's whole life; the signal disposition is left alone.
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-
+    block_sigpipe();
     std::unique_lock lk(m_);
     for (;;) {
       work_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
@@ -225,7 +252,9 @@ class engine {
       }
       op->state = queued_op::status::running;
       running_ = op;
+      interrupted_ = false;
       calls_.timeout = op->timeout;
+      monitor_cv_.notify_all();
       lk.unlock();
 
       std::exception_ptr error;
@@ -234,26 +263,68 @@ class engine {
       } catch (...) {
         error = translate_current_exception(op->info);
       }
+
+      lk.lock();
+      if (interrupted_) {
+        // Whatever gloo returned: its waits were cut short, the buffers may hold anything.
+        std::string why = interrupt_reason_;
+        if (error) why += "; then: " + bare_message(error);
+        error = std::make_exception_ptr(communication_error(rank_, op->info.describe(), why));
+      }
       if (error) {
+        lk.unlock();
         // Tell the peers now (they see their connection to us end) instead of letting them
         // wait out their timeout on a rank that will not answer.
         try {
           calls_.ctx->closeConnections();
         } catch (...) {
         }
-      }
-
-      lk.lock();
-      running_.reset();
-      if (error) {
+        lk.lock();
         if (failure_.empty()) failure_ = describe(error);
         fail(*op, error);
       } else {
         op->state = queued_op::status::done;
         op->body = nullptr;
       }
+      running_.reset();
+      monitor_cv_.notify_all();
       done_cv_.notify_all();
     }
+  }
+
+  void watch() noexcept {
+    block_sigpipe();
+    std::unique_lock lk(m_);
+    for (;;) {
+      monitor_cv_.wait(lk, [&] { return stop_ || running_ != nullptr; });
+      if (stop_) return;
+      const auto op = running_;
+      // Most collectives finish before the first look; an interrupted one is nudged often.
+      const auto pause = interrupted_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(50);
+      if (monitor_cv_.wait_for(lk, pause, [&] { return stop_ || running_ != op; })) continue;
+      if (interrupted_) {
+        lk.unlock();
+        buffers_.abort_waits();
+        lk.lock();
+        continue;
+      }
+      lk.unlock();
+      const bool broken = connections_broken(addresses_);
+      lk.lock();
+      if (broken && running_ == op) {
+        lk.unlock();
+        interrupt("a connection of this communicator broke while " + op->info.describe() +
+                  " ran (a peer died, failed or aborted)");
+        lk.lock();
+      }
+    }
+  }
+
+  static void block_sigpipe() noexcept {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   }
 
   static std::string describe(const std::exception_ptr& e) {
@@ -269,17 +340,23 @@ class engine {
   const int rank_;
   const int size_;
   mutable std::mutex m_;
-  std::condition_variable work_cv_;  // worker: something queued, or stop
-  std::condition_variable done_cv_;  // waiters: some operation finished
+  std::condition_variable work_cv_;     // worker: something queued, or stop
+  std::condition_variable done_cv_;     // waiters: some operation finished
+  std::condition_variable monitor_cv_;  // monitor: an operation started, ended or was interrupted
   std::deque<std::shared_ptr<queued_op>> queue_;
   std::shared_ptr<queued_op> running_;
   std::chrono::milliseconds timeout_;
   std::uint64_t seq_ = 0;
   bool aborted_ = false;
   bool stop_ = false;
+  bool interrupted_ = false;
+  std::string interrupt_reason_;
   std::string failure_;
-  call_context calls_;  // touched by the worker only, except ctx, read under m_
+  const std::vector<sockaddr_storage> addresses_;  // local ends of the context's connections
+  buffer_registry buffers_;
+  call_context calls_;  // the worker's, except ctx, which others read under m_
   std::thread worker_;
+  std::thread monitor_;
 };
 
 }  // namespace ddp::gloo::detail

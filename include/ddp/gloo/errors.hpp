@@ -24,6 +24,29 @@
 
 namespace ddp::gloo::detail {
 
+/// The message of a ddp error without its "ddp: rank r, <operation>: " prefix, for nesting it
+/// in another error's message without repeating who and where.
+[[nodiscard]] inline std::string bare_message(const ddp::error& e) {
+  std::string what = e.what();
+  const std::string prefix = "ddp: " + (e.rank() >= 0 ? "rank " + std::to_string(e.rank()) : std::string("rank ?")) +
+                             (e.operation().empty() ? "" : ", " + e.operation()) + ": ";
+  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  return what;
+}
+
+/// The message of any exception, bare if it is a ddp error.
+[[nodiscard]] inline std::string bare_message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const ddp::error& x) {
+    return bare_message(x);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 /// The ddp exception for the exception in flight (call from a catch block).
 [[nodiscard]] inline std::exception_ptr translate_current_exception(const op_info& info) {
   const std::string where = info.describe();

@@ -8,14 +8,18 @@
 /// and keys are write-once: finding one already set means this namespace was used by an earlier
 /// communicator, whose dead addresses must not be read.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
 
 #include <ddp/error.hpp>
+#include <ddp/gloo/errors.hpp>
 #include <ddp/store.hpp>
 
 namespace ddp::gloo::detail {
@@ -57,7 +61,7 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
       std::string who;
       for (const auto& k : keys) who += (who.empty() ? "" : ", ") + member_of(k);
       throw timeout_error(rank_, "gloo connect",
-                          who + " did not publish its address within the connect timeout (" + e.what() + ")");
+                          who + " did not publish its address within the connect timeout (" + bare_message(e) + ")");
     }
   }
 
