@@ -15,8 +15,10 @@
 // The methods mirror bench/pytorch/ddp_worker.py:
 // - sync: a Bucketer<size_capped> with the defaults (25 MiB buckets, 1 MiB small bucket first)
 //   over every parameter of the shapes file; one iteration marks every gradient ready in reverse
-//   registration order, then finalize(). Interleaved with one allreduce of a flat buffer of the
-//   same bytes through ddp::mpi::communicator, and one raw in-place MPI_Allreduce.
+//   registration order, then finalize(). Interleaved with: the same with zero_copy; PyTorch's
+//   method mirrored (a zero-filling "backward" with and without mark_ready after each gradient);
+//   one allreduce of a flat buffer of the same bytes through ddp::mpi::communicator; one raw
+//   in-place MPI_Allreduce.
 // - join: blocks of --iters Bucketer steps of a small model (256x256 + 256 floats), alternately
 //   bare and with JoinContext::notify() before each step; finish() is timed apart.
 // - buffers: BufferReducer<broadcast> over a running mean and variance per normalisation layer of
@@ -337,6 +339,27 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     for (std::size_t i = n; i-- > 0;) grads.mark_ready(i);
     grads.finalize();
   };
+  // Zero-copy (PyTorch's gradient_as_bucket_view): gradients live in the buckets, no copies.
+  ddp::Bucketer<ddp::bucketing::size_capped> in_place(comm, {}, {.zero_copy = true});
+  m.register_with(in_place);
+  in_place.build();
+  auto step_in_place = [&] {
+    for (std::size_t i = n; i-- > 0;) in_place.mark_ready(i);
+    in_place.finalize();
+  };
+  // The PyTorch method, mirrored: a "backward" that writes every gradient (zeros) in reverse
+  // registration order, with and without marking each ready as soon as it is written.
+  auto fill = [&](std::size_t i) { std::fill(m.grads[i].begin(), m.grads[i].end(), 0.0f); };
+  auto backward_only = [&] {
+    for (std::size_t i = n; i-- > 0;) fill(i);
+  };
+  auto backward_synced = [&] {
+    for (std::size_t i = n; i-- > 0;) {
+      fill(i);
+      grads.mark_ready(i);
+    }
+    grads.finalize();
+  };
   std::vector<float> flat(total_elements(shapes), 0.0f);
   auto ddp_flat = [&] { comm.allreduce(flat, ddp::reduce_op::sum).wait(); };
   auto mpi_flat = [&] {
@@ -344,16 +367,29 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   };
   for (int w = 0; w < a.warmup; ++w) {
     timed(step);
+    timed(step_in_place);
+    timed(backward_only);
+    timed(backward_synced);
     timed(ddp_flat);
     timed(mpi_flat);
   }
-  std::vector<double> bucketer, flat_ddp, flat_mpi;
+  std::vector<double> bucketer, marking, waiting, zero_copy, plain_bw, synced_bw, flat_ddp, flat_mpi;
   for (int i = 0; i < iters; ++i) {
     bucketer.push_back(timed(step));
+    marking.push_back(grads.last_step().backward_ms);
+    waiting.push_back(grads.last_step().finalize_wait_ms);
+    zero_copy.push_back(timed(step_in_place));
+    plain_bw.push_back(timed(backward_only));
+    synced_bw.push_back(timed(backward_synced));
     flat_ddp.push_back(timed(ddp_flat));
     flat_mpi.push_back(timed(mpi_flat));
   }
   r.add("ddp_bucketer", bucketer);
+  r.add("ddp_bucketer_marking", marking);
+  r.add("ddp_bucketer_finalize", waiting);
+  r.add("ddp_bucketer_zero_copy", zero_copy);
+  r.add("ddp_plain_backward", plain_bw);
+  r.add("ddp_synced_backward", synced_bw);
   r.add("ddp_flat_allreduce", flat_ddp);
   r.add("mpi_flat_allreduce", flat_mpi);
   r.note("parameters", n);
@@ -365,6 +401,11 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
                      fixed(static_cast<double>(flat.size() * 4) / (1 << 20), 1) + " MiB",
                  a.model, r,
                  {{"ddp_bucketer", buckets},
+                  {"ddp_bucketer_marking", "of which: first mark_ready to finalize() (copies in, launches)"},
+                  {"ddp_bucketer_finalize", "of which: finalize() waiting for the buckets"},
+                  {"ddp_bucketer_zero_copy", "bucketer_options{.zero_copy = true}: no copies in or out"},
+                  {"ddp_plain_backward", "zero-fill every gradient, reverse order"},
+                  {"ddp_synced_backward", "the same, mark_ready after each fill, then finalize()"},
                   {"ddp_flat_allreduce", "one allreduce through ddp::mpi::communicator"},
                   {"mpi_flat_allreduce", "one in-place MPI_Allreduce"}});
 }

@@ -111,6 +111,7 @@ def build_tables(r, models, cases):
             g = lambda n: r.get("sync", m, n)
             pt_plain, pt_ddp, pt_flat = g("pytorch_plain_backward"), g("pytorch_ddp_backward"), g("pytorch_flat_allreduce")
             dd, df, mf = g("ddp_bucketer"), g("ddp_flat_allreduce"), g("mpi_flat_allreduce")
+            dd_matched = paired(g("ddp_synced_backward"), g("ddp_plain_backward"))
             info = r.info.get(("sync", m), {})
             pt_sync = paired(pt_ddp, pt_plain)
             note_b = "%s buckets" % info.get("buckets", "?")
@@ -120,6 +121,8 @@ def build_tables(r, models, cases):
                 ("sync", m, "pytorch", "plain_backward", median(pt_plain), float("nan"), len(pt_plain), ""),
                 ("sync", m, "pytorch", "flat_allreduce", median(pt_flat), float("nan"), len(pt_flat), "one dist.all_reduce, gloo"),
                 ("sync", m, "ddp", "bucketer", median(dd), ratio(median(dd), pt_sync), len(dd), note_b + ", size_capped defaults, MPI"),
+                ("sync", m, "ddp", "bucketer_zero_copy", median(g("ddp_bucketer_zero_copy")), ratio(median(g("ddp_bucketer_zero_copy")), pt_sync), len(g("ddp_bucketer_zero_copy")), "zero_copy = true (gradient_as_bucket_view)"),
+                ("sync", m, "ddp", "bucketer_backward_matched", dd_matched, ratio(dd_matched, pt_sync), len(g("ddp_synced_backward")), "synced - plain zero-fill backward (PyTorch's method)"),
                 ("sync", m, "ddp", "flat_allreduce", median(df), ratio(median(df), median(pt_flat)), len(df), "ddp::mpi::communicator"),
                 ("sync", m, "mpi", "flat_allreduce", median(mf), ratio(median(mf), median(pt_flat)), len(mf), "raw MPI_Allreduce"),
             ]
