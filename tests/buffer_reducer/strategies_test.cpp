@@ -16,7 +16,9 @@
 
 namespace st = ddp::strategies;
 
-namespace {
+// Named (not anonymous) namespace: clang flags unused internal declarations used only in
+// unevaluated operands.
+namespace strategies_test {
 struct not_a_strategy {};
 struct no_name {
   ddp::work sync(const ddp::buffer_group&) const { return ddp::work::ready(); }
@@ -28,10 +30,18 @@ struct my_strategy {
   std::string name() const { return "mine(" + std::to_string(knob) + ")"; }
   friend bool operator==(const my_strategy&, const my_strategy&) = default;
 };
-auto returns_work = [](std::span<const ddp::tensor_view>, ddp::communicator_ref) { return ddp::work::ready(); };
-auto returns_optional = [](const ddp::buffer_group&) -> std::optional<ddp::work> { return std::nullopt; };
-auto returns_void = [](std::span<const ddp::tensor_view>, ddp::communicator_ref) {};
-}  // namespace
+struct returns_work {
+  ddp::work operator()(std::span<const ddp::tensor_view>, ddp::communicator_ref) const { return ddp::work::ready(); }
+};
+struct returns_optional {
+  std::optional<ddp::work> operator()(const ddp::buffer_group&) const { return std::nullopt; }
+};
+struct returns_void {
+  void operator()(std::span<const ddp::tensor_view>, ddp::communicator_ref) const {}
+};
+}  // namespace strategies_test
+
+using namespace strategies_test;
 
 TEST_CASE("strategies model buffer_strategy; other types do not", "[buffer_reducer][unit]") {
   STATIC_REQUIRE(ddp::buffer_strategy<st::broadcast>);
@@ -41,15 +51,15 @@ TEST_CASE("strategies model buffer_strategy; other types do not", "[buffer_reduc
   STATIC_REQUIRE(ddp::buffer_strategy<st::allreduce_max>);
   STATIC_REQUIRE(ddp::buffer_strategy<st::none>);
   STATIC_REQUIRE(ddp::buffer_strategy<st::any>);
-  STATIC_REQUIRE(ddp::buffer_strategy<st::custom<decltype(returns_work)>>);
+  STATIC_REQUIRE(ddp::buffer_strategy<st::custom<returns_work>>);
   STATIC_REQUIRE(ddp::buffer_strategy<my_strategy>);
   STATIC_REQUIRE(!ddp::buffer_strategy<not_a_strategy>);
   STATIC_REQUIRE(!ddp::buffer_strategy<no_name>);
   STATIC_REQUIRE(!ddp::buffer_strategy<int>);
 
-  STATIC_REQUIRE(st::custom_callable<decltype(returns_work)>);
-  STATIC_REQUIRE(st::custom_callable<decltype(returns_optional)>);
-  STATIC_REQUIRE(!st::custom_callable<decltype(returns_void)>);
+  STATIC_REQUIRE(st::custom_callable<returns_work>);
+  STATIC_REQUIRE(st::custom_callable<returns_optional>);
+  STATIC_REQUIRE(!st::custom_callable<returns_void>);
   STATIC_REQUIRE(ddp::joinable<ddp::BufferReducer<>>);
   STATIC_REQUIRE(ddp::joinable<ddp::BufferReducer<st::any>>);
 }
@@ -94,9 +104,9 @@ TEST_CASE("any: equal when it holds equal strategies of one type", "[buffer_redu
 }
 
 TEST_CASE("custom: copies of one object are equal, separately made ones are not", "[buffer_reducer][unit]") {
-  const st::custom one(returns_work);
+  const st::custom one(returns_work{});
   const st::custom copy = one;
-  const st::custom other(returns_work, "other");
+  const st::custom other(returns_work{}, "other");
   CHECK(one == copy);
   CHECK_FALSE(one == other);
   CHECK(one.name() == "custom");
