@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Renders the benchmark plots (PNG) from the benchmarks' CSV files.
+#
+#   bench/plots/make_plots.sh --compare compare.csv --sweep sweep.csv --busbw busbw.csv \
+#                             [--out docs/img] [--subtitle "2 cores, load 2.1, 2026-11-22"]
+#
+# compare.csv: bench/compare_pytorch.sh --csv;  sweep.csv / busbw.csv: ddp_vs_pytorch sweep|busbw --csv.
+# Any of the three may be left out. Needs gnuplot with the pngcairo terminal.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out="$here/../../docs/img"
+compare="" sweep="" busbw="" subtitle=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --compare) compare=$2; shift 2 ;;
+    --sweep) sweep=$2; shift 2 ;;
+    --busbw) busbw=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --subtitle) subtitle=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+command -v gnuplot >/dev/null || { echo "SKIPPED: gnuplot is not installed"; exit 0; }
+mkdir -p "$out"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+if [ -n "$compare" ]; then
+  # One line per model: pytorch_ddp ddp_bucketer ddp_zero_copy pytorch_flat ddp_flat (ms).
+  awk -F, 'NR > 1 && $1 == "sync" {
+      key = $3 "/" $4; v[$2, key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
+    function val(m, k) { return ((m, k) in v && v[m, k] != "") ? v[m, k] : "?" }
+    END { for (i = 1; i <= n; i++) { m = order[i];
+      printf "%s %s %s %s %s %s\n", m, val(m, "pytorch/ddp_sync (ddp - plain backward)"), val(m, "ddp/bucketer"),
+             val(m, "ddp/bucketer_zero_copy"), val(m, "pytorch/flat_allreduce"), val(m, "ddp/flat_allreduce") } }' \
+    "$compare" > "$tmp/sync.dat"
+  gnuplot -e "datafile='$tmp/sync.dat'; outfile='$out/ddp_vs_pytorch.png'; subtitle='$subtitle'" "$here/ddp_vs_pytorch.gp"
+  echo "wrote $out/ddp_vs_pytorch.png"
+fi
+if [ -n "$sweep" ]; then
+  gnuplot -e "datafile='$sweep'; outfile='$out/bucket_sweep.png'; subtitle='$subtitle'" "$here/bucket_sweep.gp"
+  echo "wrote $out/bucket_sweep.png"
+fi
+if [ -n "$busbw" ]; then
+  gnuplot -e "datafile='$busbw'; outfile='$out/busbw.png'; subtitle='$subtitle'" "$here/busbw.gp"
+  echo "wrote $out/busbw.png"
+fi
