@@ -3,9 +3,10 @@
 //
 //   mpiexec -n 2 buffer_sync_bench [--iters N] [--warmup N] [--buffers N] [--csv FILE]
 //
-// Each mode is timed over `iters` syncs after `warmup`; a sync's time is the slowest rank's
-// (ranks start together after a barrier). The table reports the median and the mean, and the
-// speed-up of each mode's median over the two per-buffer modes with the same strategy.
+// Each mode is timed over `iters` syncs after `warmup`, the modes taking turns sync by sync; a
+// sync's time is the slowest rank's (ranks start together after a barrier). The table reports
+// the median and the mean, and the speed-up of each mode's median over the two per-buffer modes
+// with the same strategy.
 //
 // Modes, all through BufferReducer so they do the same work apart from coalescing:
 // - per-buffer, one at a time: every buffer has its own custom strategy (one group each) that
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -105,59 +107,73 @@ ddp::work one_collective(kind k, std::span<const ddp::tensor_view> b, ddp::commu
   return k == kind::mean ? c.allreduce(b, ddp::reduce_op::avg) : c.broadcast(b, 0);
 }
 
-/// Times `iters` syncs of a reducer set up for (k, m); returns the slowest rank's time per sync.
-row measure(ddp::mpi::communicator& comm, const config& cfg, kind k, mode m) {
-  namespace st = ddp::strategies;
-  const std::vector<std::size_t> sizes = buffer_sizes(cfg.buffers);
-  std::vector<std::vector<float>> owned(sizes.size());
-  ddp::BufferReducer<st::any> reducer(comm, k == kind::mean ? st::any(st::allreduce_mean{}) : st::any(st::broadcast{}));
-  std::vector<ddp::buffer_handle<float>> handles;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    switch (m) {
-      case mode::one_at_a_time:
-        owned[i].assign(sizes[i], 1.0f);
-        // A separate custom object per buffer: never equal, so one group (one collective) each.
-        reducer.add(owned[i], st::custom([k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
-          one_collective(k, b, c).wait();
-          return ddp::work::ready();
-        }));
-        break;
-      case mode::in_flight:
-        owned[i].assign(sizes[i], 1.0f);
-        reducer.add(owned[i], st::custom([k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
-          return one_collective(k, b, c);
-        }));
-        break;
-      case mode::copy_path:
-        owned[i].assign(sizes[i], 1.0f);
-        reducer.add(owned[i]);
-        break;
-      case mode::view_path: handles.push_back(reducer.emplace<float>(sizes[i])); break;
-    }
-  }
-  reducer.build();
-  for (auto h : handles) std::fill(reducer.span(h).begin(), reducer.span(h).end(), 1.0f);
-
+/// One mode of one strategy: its reducer, the trainer's buffers, and its measured times. Kept
+/// behind a pointer: the reducer refers to the buffers by address.
+struct bench_case {
+  kind k;
+  mode m;
+  std::vector<std::vector<float>> owned;
+  ddp::BufferReducer<ddp::strategies::any> reducer;
   std::vector<double> times;
-  times.reserve(static_cast<std::size_t>(cfg.iters));
-  for (int it = -cfg.warmup; it < cfg.iters; ++it) {
+
+  bench_case(ddp::mpi::communicator& comm, const std::vector<std::size_t>& sizes, kind k_, mode m_)
+      : k(k_),
+        m(m_),
+        owned(sizes.size()),
+        reducer(comm, k_ == kind::mean ? ddp::strategies::any(ddp::strategies::allreduce_mean{})
+                                       : ddp::strategies::any(ddp::strategies::broadcast{})) {
+    namespace st = ddp::strategies;
+    std::vector<ddp::buffer_handle<float>> handles;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      switch (m) {
+        case mode::one_at_a_time:
+          owned[i].assign(sizes[i], 1.0f);
+          // A separate custom object per buffer: never equal, so one group (one collective) each.
+          reducer.add(owned[i], st::custom([k = k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
+            one_collective(k, b, c).wait();
+            return ddp::work::ready();
+          }));
+          break;
+        case mode::in_flight:
+          owned[i].assign(sizes[i], 1.0f);
+          reducer.add(owned[i], st::custom([k = k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
+            return one_collective(k, b, c);
+          }));
+          break;
+        case mode::copy_path:
+          owned[i].assign(sizes[i], 1.0f);
+          reducer.add(owned[i]);
+          break;
+        case mode::view_path: handles.push_back(reducer.emplace<float>(sizes[i])); break;
+      }
+    }
+    reducer.build();
+    for (auto h : handles) std::fill(reducer.span(h).begin(), reducer.span(h).end(), 1.0f);
+  }
+
+  /// One sync; keeps the slowest rank's time.
+  void time_one_sync(bool keep) {
     MPI_Barrier(MPI_COMM_WORLD);
     const auto t0 = std::chrono::steady_clock::now();
     reducer.sync();
     const double mine = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     double slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (it >= 0) times.push_back(slowest);
+    if (keep) times.push_back(slowest);
   }
-  row r{k, m};
-  r.collectives = reducer.stats().collectives_per_sync;
-  double sum = 0;
-  for (double t : times) sum += t;
-  r.mean_us = sum / static_cast<double>(times.size());
-  std::sort(times.begin(), times.end());
-  r.median_us = times[times.size() / 2];
-  return r;
-}
+
+  [[nodiscard]] row result() const {
+    row r{k, m};
+    r.collectives = reducer.stats().collectives_per_sync;
+    double sum = 0;
+    for (double t : times) sum += t;
+    r.mean_us = sum / static_cast<double>(times.size());
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    r.median_us = sorted[sorted.size() / 2];
+    return r;
+  }
+};
 
 }  // namespace
 
@@ -171,13 +187,21 @@ int main(int argc, char** argv) {
     std::size_t floats = 0;
     for (std::size_t s : sizes) floats += s;
 
-    std::vector<row> rows;
+    // Modes take turns, one sync each, so that load from other processes on the machine falls
+    // on all of them alike.
+    std::vector<std::unique_ptr<bench_case>> cases;
     for (kind k : {kind::mean, kind::broadcast}) {
-      const std::size_t first = rows.size();
       for (mode m : {mode::one_at_a_time, mode::in_flight, mode::copy_path, mode::view_path}) {
-        rows.push_back(measure(comm, cfg, k, m));
+        cases.push_back(std::make_unique<bench_case>(comm, sizes, k, m));
       }
-      for (std::size_t i = first; i < rows.size(); ++i) {
+    }
+    for (int it = -cfg.warmup; it < cfg.iters; ++it) {
+      for (auto& c : cases) c->time_one_sync(it >= 0);
+    }
+    std::vector<row> rows;
+    for (const auto& c : cases) rows.push_back(c->result());
+    for (std::size_t first = 0; first < rows.size(); first += 4) {
+      for (std::size_t i = first; i < first + 4; ++i) {
         rows[i].vs_one_at_a_time = rows[first].median_us / rows[i].median_us;
         rows[i].vs_in_flight = rows[first + 1].median_us / rows[i].median_us;
       }
