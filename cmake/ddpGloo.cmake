@@ -34,6 +34,28 @@ if(TARGET gloo)
   list(APPEND DDP_EXPORTED_TARGETS ddp_gloo)
   set(DDP_WITH_GLOO TRUE)
   message(STATUS "ddp: gloo found (${Gloo_DIR}${DDP_GLOO_LIBRARY})")
+
+  # ddp_add_gloo_bench(<source>): the gloo allreduce bandwidth bench (called from bench/). With
+  # the MPI backend it also times ddp::mpi and MPI_Allreduce when launched with `mpiexec ... --mpi`.
+  # Smoke runs (label bench;gloo) prove it runs, not speed.
+  function(ddp_add_gloo_bench source)
+    add_executable(gloo_bench ${source})
+    target_link_libraries(gloo_bench PRIVATE ddp_gloo ddp_dev_flags)
+    if(TARGET ddp_mpi)
+      target_link_libraries(gloo_bench PRIVATE ddp_mpi)
+      target_compile_definitions(gloo_bench PRIVATE DDP_GLOO_BENCH_WITH_MPI=1)
+    endif()
+    if(DDP_BUILD_TESTS)
+      set(out ${CMAKE_CURRENT_BINARY_DIR}/smoke)
+      file(MAKE_DIRECTORY ${out})
+      add_test(NAME bench.gloo COMMAND gloo_bench --np 2 --max-bytes 65536 --iters 3 --csv ${out}/gloo.csv)
+      set_tests_properties(bench.gloo PROPERTIES LABELS "bench;gloo" TIMEOUT 60 PROCESSORS 2)
+      if(TARGET ddp_mpi)
+        ddp_add_mpi_test(bench.gloo_mpi RANKS 2 LABELS "bench;gloo" TIMEOUT 60
+          COMMAND $<TARGET_FILE:gloo_bench> --mpi --max-bytes 65536 --iters 3 --csv ${out}/gloo_mpi.csv)
+      endif()
+    endif()
+  endfunction()
 else()
   message(STATUS "ddp: gloo not found; the gloo backend is not built")
 endif()
