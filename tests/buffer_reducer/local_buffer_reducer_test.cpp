@@ -14,6 +14,24 @@
 
 #include "buffer_reducer_suite.hpp"
 
+/// A trainer's own tensor type: type-erased dtype, plugged in through ddp::tensor_traits.
+namespace trainer {
+struct Tensor {
+  std::vector<std::byte> storage;
+  ddp::dtype type;
+  std::size_t numel;
+  Tensor(ddp::dtype t, std::size_t n) : storage(n * ddp::size_of(t)), type(t), numel(n) {}
+};
+}  // namespace trainer
+
+template <>
+struct ddp::tensor_traits<trainer::Tensor> {
+  static void* data(trainer::Tensor& t) { return t.storage.data(); }
+  static std::size_t size(const trainer::Tensor& t) { return t.numel; }
+  static ddp::dtype dtype(const trainer::Tensor& t) { return t.type; }
+  static ddp::device device(const trainer::Tensor&) { return ddp::device::host(); }
+};
+
 namespace {
 
 template <class F>
@@ -163,4 +181,27 @@ TEST_CASE("local: with the JoinContext, uneven inputs, periods 1 to 3", "[local]
     INFO("period " << period);
     on_ranks(2, 4, [period](ddp::communicator_ref c) { br_suite::join_context_uneven(c, period); });
   }
+}
+
+TEST_CASE("local: buffers of the trainer's own tensor type, mixed dtypes", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref comm) {
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    std::vector<trainer::Tensor> tensors;
+    tensors.reserve(4);  // the reducer keeps references to them
+    for (ddp::dtype t : {ddp::dtype::f64, ddp::dtype::i32, ddp::dtype::f64, ddp::dtype::bf16}) {
+      tensors.emplace_back(t, 11);
+      buffers.add(tensors.back());
+      br_suite::fill(ddp::view(tensors.back()), comm.rank());
+    }
+    buffers.sync();
+    SUITE_EXPECT(buffers.stats().groups == 3 && buffers.stats().last_sync_collectives == 3, buffers.stats());
+    for (auto& t : tensors) {
+      for (std::size_t i = 0; i < t.numel; ++i) {
+        br_suite::expect_close(br_suite::get(ddp::view(t), i),
+                               br_suite::expected_over(ddp::reduce_op::sum, t.type, br_suite::all_ranks(comm.size()),
+                                                       i, comm.size()),
+                               t.type, "trainer tensor");
+      }
+    }
+  });
 }
