@@ -1,0 +1,394 @@
+#pragma once
+/// @file shm/communicator.hpp
+/// @brief `ddp::shm::communicator<Inner, Cross>`: a communicator decorator whose allreduce runs
+/// through shared memory among the ranks of a node and, across nodes, over one leader per node.
+///
+/// Wrap any ddp communicator and hand the result to any component (Bucketer, JoinContext,
+/// BufferReducer) in its place: it models `ddp::communicator`. Allreduce takes the shared-memory
+/// path; broadcast, allgather, reduce_scatter and barrier are forwarded to the wrapped
+/// communicator unchanged.
+///
+/// Allreduce, on a single node: a pipelined reduce-scatter then allgather through the node's
+/// segment (see node_engine.hpp). On several nodes: reduce to each node's leader in shared
+/// memory, allreduce among the leaders over `Cross` (any ddp communicator over one rank per
+/// node), broadcast from the leader in shared memory. `avg` sums and divides once, by the
+/// world size, where the sum is complete.
+///
+/// Completion: the work is done when allreduce() returns, and the returned `work` is already
+/// complete (or carries the failure). Why synchronous: within a node there is no transport to
+/// overlap with — the copies and reductions *are* the work, done by this rank's core — and a
+/// progress thread would compete with the backward pass for the same cores (2 per machine here).
+/// Across nodes the leaders' collective is waited for inside the call too.
+///
+/// Every rank ends with the same bits: each element is reduced by one rank, in rank order (and
+/// across nodes by the leaders' communicator, whose own contract is the same).
+///
+/// Failures: a timeout, a peer's abort or mismatched calls become `timeout_error`,
+/// `communication_error` or `mismatch_error` from the work's wait(); the node's segment is then
+/// marked aborted so that peers fail at once instead of timing out, and later calls throw
+/// `usage_error`. Thread-safe: calls are serialised by a mutex (issue them in the same order on
+/// every rank, as for any communicator).
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ddp/communicator.hpp>
+#include <ddp/detail/host_reduce.hpp>
+#include <ddp/error.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/shm/arena.hpp>
+#include <ddp/shm/layout.hpp>
+#include <ddp/shm/node_engine.hpp>
+#include <ddp/shm/options.hpp>
+#include <ddp/shm/posix_segment.hpp>
+#include <ddp/shm/segment.hpp>
+#include <ddp/shm/tensor_group.hpp>
+#include <ddp/shm/topology.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::shm {
+
+/// Allocator of zero-copy bucket storage: `bytes` zero-filled, aligned bytes in the calling
+/// rank's arena, alive while any copy of the pointer is. The shape a Bucketer hook would take.
+using bucket_allocator = std::function<std::shared_ptr<std::byte>(std::size_t bytes)>;
+
+/// The pieces a communicator is assembled from (what a backend-specific factory such as
+/// `make_mpi_communicator` produces).
+template <class Cross>
+struct node_parts {
+  node_topology topology;
+  segment_layout layout;
+  std::shared_ptr<segment> shared;  ///< the node's segment; null when this rank is alone on its node
+  std::optional<Cross> leaders;     ///< on node leaders when there are several nodes
+};
+
+/// See the file comment. `Inner`: the wrapped communicator (owned; pass `communicator_ref` to
+/// wrap without owning). `Cross`: the type of the leaders' communicator.
+template <ddp::communicator Inner, ddp::communicator Cross = Inner>
+class communicator {
+ public:
+  using inner_type = Inner;
+  using cross_type = Cross;
+
+  /// Wraps `inner`; collective over it (a host-name allgather unless `opts.node_of_rank` is set,
+  /// then two allgathers to agree on a POSIX shared-memory segment per node). Ranks spread over
+  /// several nodes need a leaders' communicator: use the constructor taking `make_leaders`.
+  /// @throws segment_error (on every rank) if shared memory cannot be created or mapped
+  /// @throws usage_error if the ranks span several nodes
+  explicit communicator(Inner inner, options opts = {})
+      : communicator(std::move(inner), std::move(opts), [](const node_topology&) { return std::optional<Cross>{}; }) {}
+
+  /// As above; on each node leader, when there are several nodes, `make_leaders(topology)`
+  /// returns the communicator of the node leaders (rank = node index, size = number of nodes).
+  /// One more allgather checks every leader got one.
+  template <class MakeLeaders>
+    requires std::is_invocable_r_v<std::optional<Cross>, MakeLeaders&, const node_topology&>
+  communicator(Inner inner, options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
+    check_options(opts, inner_.rank());
+    node_parts<Cross> parts;
+    parts.topology = detect_topology(inner_, opts.node_of_rank);
+    parts.layout = segment_layout(parts.topology.node_size, opts.chunk_bytes, opts.arena_bytes);
+    parts.shared = open_posix_segment(inner_, parts.topology, parts.layout);
+    std::string problem;
+    if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
+      parts.leaders = make_leaders(parts.topology);
+      problem = leaders_problem(parts.topology, parts.leaders);
+    }
+    agree_or_throw(problem, parts.topology);
+    assemble(std::move(opts), std::move(parts));
+  }
+
+  /// Assembles a communicator from parts made elsewhere (a backend factory). Not collective.
+  communicator(Inner inner, options opts, node_parts<Cross> parts) : inner_(std::move(inner)) {
+    check_options(opts, inner_.rank());
+    if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
+      if (auto problem = leaders_problem(parts.topology, parts.leaders); !problem.empty()) {
+        throw usage_error(inner_.rank(), "shm::communicator", problem);
+      }
+    }
+    assemble(std::move(opts), std::move(parts));
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  /// Unmaps this rank's view of the segment (once no arena block uses it). Never communicates;
+  /// see `close()` for backings that free memory collectively.
+  ~communicator() = default;
+
+  [[nodiscard]] int rank() const { return inner_.rank(); }
+  [[nodiscard]] int size() const { return inner_.size(); }
+
+  /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
+  /// memory. Complete on return (see the file comment).
+  work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
+    op_info info = describe_call(tensors, op);
+    live("allreduce");
+    std::lock_guard lk(s_->mutex);
+    if (s_->broken.load()) {
+      throw usage_error(rank(), info.describe(),
+                        "communicator used after abort(), close() or a failed shared-memory collective");
+    }
+    info.seq = s_->seq++;
+    if (info.count == 0 || size() == 1) return work::ready();
+    try {
+      run(tensors, op, info);
+    } catch (const usage_error&) {
+      throw;
+    } catch (...) {
+      s_->broken = true;
+      if (s_->engine) s_->engine->abort(2);
+      return work::failed(std::current_exception());
+    }
+    return work::ready();
+  }
+
+  /// Single-tensor convenience over any tensor type.
+  template <class T>
+    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
+  work allreduce(T& t, reduce_op op) {
+    const tensor_view v = ddp::view(t);
+    return allreduce(std::span<const tensor_view>(&v, 1), op);
+  }
+
+  /// Forwarded to the wrapped communicator.
+  work broadcast(std::span<const tensor_view> tensors, int root) { return inner_.broadcast(tensors, root); }
+  /// Forwarded to the wrapped communicator.
+  work allgather(tensor_view in, tensor_view out) { return inner_.allgather(in, out); }
+  /// Forwarded to the wrapped communicator.
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) { return inner_.reduce_scatter(in, out, op); }
+  /// Forwarded to the wrapped communicator.
+  work barrier() { return inner_.barrier(); }
+
+  /// Marks the node's segment aborted (peers waiting in shared memory fail at once with
+  /// `communication_error`), aborts the wrapped and leaders' communicators; later allreduces
+  /// throw `usage_error`.
+  void abort() noexcept {
+    if (s_) {
+      s_->broken = true;
+      if (s_->engine) s_->engine->abort(1);
+    }
+    inner_.abort();
+    if (leaders_) leaders_->abort();
+  }
+
+  /// Releases the segment now, collectively over the node where the backing needs it (an MPI
+  /// window: MPI_Win_free). Call on every rank, with no arena block alive. Later allreduces
+  /// throw `usage_error`; the forwarded collectives keep working.
+  void close() {
+    live("shm::communicator::close");
+    std::lock_guard lk(s_->mutex);
+    if (s_->pool && s_->pool->used() > 0) {
+      throw usage_error(rank(), "shm::communicator::close",
+                        std::to_string(s_->pool->used()) + " bytes of arena blocks are still alive");
+    }
+    s_->broken = true;
+    s_->engine.reset();
+    s_->pool.reset();
+    if (s_->shared) s_->shared->close();
+    s_->shared.reset();
+  }
+
+  // ---- zero-copy buffers ---------------------------------------------------------------------
+
+  /// `bytes` zero-filled bytes in this rank's arena. A tensor that lies in it (as the only tensor
+  /// of its dtype in a call) is reduced where it is: no copy in, and peers read it directly.
+  /// @throws usage_error without an arena (options::arena_bytes) or when it is exhausted
+  [[nodiscard]] arena_block allocate(std::size_t bytes) {
+    live("shm::communicator::allocate");
+    return shm::allocate(s_->pool, bytes, rank());
+  }
+
+  /// `allocate` as a type-erased allocator (for bucket storage).
+  [[nodiscard]] bucket_allocator allocator() {
+    live("shm::communicator::allocator");
+    return [a = s_->pool, r = rank()](std::size_t bytes) {
+      auto block = std::make_shared<arena_block>(shm::allocate(a, bytes, r));
+      std::byte* p = block->data();
+      return std::shared_ptr<std::byte>(std::move(block), p);
+    };
+  }
+
+  /// True if `t` lies in this rank's arena.
+  [[nodiscard]] bool in_arena(tensor_view t) const noexcept {
+    return s_ && s_->pool && t.count > 0 && s_->pool->contains(t.data, t.bytes());
+  }
+
+  // ---- introspection -------------------------------------------------------------------------
+
+  [[nodiscard]] const node_topology& topology() const noexcept { return s_->topology; }
+  [[nodiscard]] const options& opts() const noexcept { return s_->opts; }
+  [[nodiscard]] Inner& inner() noexcept { return inner_; }
+  [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
+  /// The leaders' communicator (on node leaders when there are several nodes), else null.
+  [[nodiscard]] Cross* leaders() noexcept { return leaders_ ? &*leaders_ : nullptr; }
+  /// "posix", "mpi window", or "none" (this rank is alone on its node).
+  [[nodiscard]] const char* backing() const noexcept { return s_ && s_->shared ? s_->shared->backing() : "none"; }
+  /// Bytes of the node's segment (0 if none).
+  [[nodiscard]] std::size_t segment_bytes() const noexcept { return s_ && s_->shared ? s_->shared->size() : 0; }
+
+ private:
+  struct state {
+    options opts;
+    node_topology topology;
+    std::shared_ptr<segment> shared;
+    std::optional<node_engine> engine;
+    std::shared_ptr<shm::arena> pool;  // this rank's arena, or null
+    std::mutex mutex;
+    std::atomic<bool> broken{false};
+    std::uint64_t seq = 0;
+  };
+
+  void live(const char* what) const {
+    if (!s_) throw usage_error(-1, what, "use of a moved-from shm::communicator");
+  }
+
+  static void check_options(const options& o, int rank) {
+    if (o.chunk_bytes == 0) throw usage_error(rank, "shm::communicator", "options::chunk_bytes must be positive");
+  }
+
+  static std::string leaders_problem(const node_topology& t, const std::optional<Cross>& leaders) {
+    if (!leaders) {
+      return "the ranks span " + std::to_string(t.nodes) +
+             " nodes: the leaders need a communicator among themselves (pass make_leaders, or use "
+             "shm::mpi::make_communicator)";
+    }
+    if (leaders->size() != t.nodes || leaders->rank() != t.node) {
+      return "the leaders' communicator has rank " + std::to_string(leaders->rank()) + " of " +
+             std::to_string(leaders->size()) + "; node " + std::to_string(t.node) + " of " + std::to_string(t.nodes) +
+             " expected";
+    }
+    return {};
+  }
+
+  // Every rank learns whether set-up failed anywhere, so all throw together.
+  void agree_or_throw(const std::string& problem, const node_topology& t) {
+    std::vector<std::uint8_t> mine{problem.empty() ? std::uint8_t{0} : std::uint8_t{1}};
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(t.size));
+    inner_.allgather(view(mine), view(all)).wait();
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r] == 0) continue;
+      throw usage_error(t.rank, "shm::communicator",
+                        static_cast<int>(r) == t.rank ? problem : "set-up failed on rank " + std::to_string(r));
+    }
+  }
+
+  void assemble(options opts, node_parts<Cross> parts) {
+    s_ = std::make_unique<state>();
+    s_->opts = std::move(opts);
+    s_->topology = std::move(parts.topology);
+    s_->shared = std::move(parts.shared);
+    leaders_ = std::move(parts.leaders);
+    const node_topology& t = s_->topology;
+    if (s_->shared) {
+      s_->engine.emplace(s_->shared->data(), parts.layout, t.node_rank, t.node_ranks(), s_->opts.spins_before_yield);
+      if (parts.layout.arena_bytes() > 0) {
+        s_->pool = std::make_shared<shm::arena>(s_->shared->data() + parts.layout.arena(t.node_rank),
+                                            parts.layout.arena_bytes(), s_->shared);
+      }
+    } else if (s_->opts.arena_bytes > 0) {
+      // Alone on the node: nobody to share with, but allocate() must still work. Back the
+      // arena with private memory (never zero-copy relevant: there is no staging either).
+      auto mem = std::shared_ptr<std::byte[]>(new std::byte[round_up(s_->opts.arena_bytes, page_bytes) + page_bytes]);
+      auto* aligned = reinterpret_cast<std::byte*>(round_up(reinterpret_cast<std::uintptr_t>(mem.get()), page_bytes));
+      s_->pool = std::make_shared<shm::arena>(aligned, round_up(s_->opts.arena_bytes, page_bytes), mem);
+    }
+  }
+
+  op_info describe_call(std::span<const tensor_view> tensors, reduce_op op) const {
+    op_info info;
+    info.rank = rank();
+    info.name = "allreduce";
+    info.seq = s_ ? s_->seq : 0;
+    info.op = op;
+    info.timeout = s_ ? s_->opts.timeout : default_timeout;
+    if (!tensors.empty()) info.type = tensors[0].type;
+    for (const tensor_view& t : tensors) {
+      info.count += t.count;
+      if (!t.where.is_host()) {
+        throw usage_error(rank(), info.describe(),
+                          "the shared-memory allreduce needs host memory, got a tensor on " + t.where.str());
+      }
+      if (t.count > 0 && t.data == nullptr) throw usage_error(rank(), info.describe(), "tensor has no data pointer");
+    }
+    return info;
+  }
+
+  // One group per dtype (in dtype order, which every rank derives from the same call).
+  std::vector<tensor_group> groups_of(std::span<const tensor_view> tensors) const {
+    std::array<tensor_group, 8> by_type{};
+    for (const tensor_view& t : tensors) {
+      if (t.count == 0) continue;
+      auto& g = by_type[static_cast<std::size_t>(t.type)];
+      g.type = t.type;
+      g.add(t);
+    }
+    std::vector<tensor_group> out;
+    for (auto& g : by_type) {
+      if (g.total == 0) continue;
+      if (g.parts.size() == 1 && s_->shared && s_->pool && s_->pool->contains(g.parts[0].data, g.parts[0].bytes())) {
+        g.zero_copy_offset = static_cast<std::size_t>(g.parts[0].byte_data() - s_->shared->data());
+      }
+      out.push_back(std::move(g));
+    }
+    return out;
+  }
+
+  void run(std::span<const tensor_view> tensors, reduce_op op, const op_info& info) {
+    const clock::time_point deadline = clock::now() + s_->opts.timeout;
+    const node_topology& t = s_->topology;
+    const auto groups = groups_of(tensors);
+    const std::int64_t world = size();
+    if (t.nodes == 1) {
+      for (std::size_t k = 0; k < groups.size(); ++k) {
+        s_->engine->run(node_phase::allreduce, groups[k], static_cast<std::uint32_t>(k), op,
+                        op == reduce_op::avg ? world : 1, info, deadline);
+      }
+      return;
+    }
+    // Several nodes: reduce to the leader, leaders allreduce, broadcast from the leader.
+    const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
+    if (s_->engine) {
+      for (std::size_t k = 0; k < groups.size(); ++k) {
+        s_->engine->run(node_phase::reduce_to_leader, groups[k], static_cast<std::uint32_t>(k), partial, 1, info,
+                        deadline);
+      }
+    }
+    if (t.is_leader()) {
+      std::vector<tensor_view> parts;
+      for (const auto& g : groups) parts.insert(parts.end(), g.parts.begin(), g.parts.end());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      leaders_->allreduce(std::span<const tensor_view>(parts), partial).wait_for(std::max(left, std::chrono::milliseconds(1)));
+      if (op == reduce_op::avg) {
+        for (const auto& p : parts) ddp::detail::divide_in_place(p.type, p.data, p.count, world);
+      }
+    }
+    if (s_->engine) {
+      for (std::size_t k = 0; k < groups.size(); ++k) {
+        s_->engine->run(node_phase::broadcast, groups[k], static_cast<std::uint32_t>(k), op, 1, info, deadline);
+      }
+    }
+  }
+
+  Inner inner_;
+  std::optional<Cross> leaders_;
+  std::unique_ptr<state> s_;
+};
+
+}  // namespace ddp::shm

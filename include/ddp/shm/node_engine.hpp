@@ -1,0 +1,290 @@
+#pragma once
+/// @file shm/node_engine.hpp
+/// @brief `node_engine`: the chunked reduce-scatter / allgather pipeline through a node's segment,
+/// and the reduce-to-leader and broadcast-from-leader variants the hierarchical path uses.
+///
+/// A dtype group's elements are cut into chunks of `chunk_bytes`; chunks get consecutive numbers
+/// g in a sequence shared by every operation on the segment. Per chunk, every rank
+///  1. waits until all ranks finished reading chunk g-2 (`copied >= g-1`): slot g % 2 is free;
+///  2. puts its input in place — copied into its staging slot, or, zero-copy, where it already
+///     is (its arena) — describes it, and publishes `staged = g+1`;
+///  3. waits for all `staged`, then reduces its own slice of the chunk across all ranks' inputs
+///     in rank order, writing the result over its own input's slice; publishes `reduced = g+1`;
+///  4. waits for all `reduced`, copies every slice from its owner into its output; publishes
+///     `copied = g+1`.
+/// One rank reduces each element, so every rank copies the same bits. Double buffering lets a
+/// rank stage chunk g+1 while slower ranks still read chunk g. The counters are monotonic, one
+/// writer each, in their own cache lines, written with release and read with acquire stores:
+/// no locks and no collective of the wrapped communicator per phase. A rank whose input is in
+/// its arena waits at the end until all peers have read it, since the caller may then write it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/dtype.hpp>
+#include <ddp/error.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/shm/kernels.hpp>
+#include <ddp/shm/layout.hpp>
+#include <ddp/shm/spin_wait.hpp>
+#include <ddp/shm/tensor_group.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::shm {
+
+/// What one pass over a group does.
+enum class node_phase : std::uint32_t {
+  allreduce = 1,         ///< every rank ends with the node's reduction
+  reduce_to_leader = 2,  ///< only node rank 0 copies the reduction out
+  broadcast = 3,         ///< node rank 0's data to every rank
+};
+
+[[nodiscard]] constexpr const char* name_of(node_phase p) noexcept {
+  switch (p) {
+    case node_phase::allreduce: return "allreduce";
+    case node_phase::reduce_to_leader: return "reduce to leader";
+    case node_phase::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+/// One rank's side of a node's segment.
+class node_engine {
+ public:
+  /// @param base        this rank's address of the segment
+  /// @param node_ranks  rank (in the wrapped communicator) of every node rank, for messages
+  node_engine(std::byte* base, segment_layout layout, int node_rank, std::vector<int> node_ranks, unsigned spins)
+      : base_(base), layout_(layout), me_(node_rank), size_(layout.node_size()), world_(std::move(node_ranks)),
+        spins_(spins) {}
+
+  [[nodiscard]] int node_rank() const noexcept { return me_; }
+  [[nodiscard]] int node_size() const noexcept { return size_; }
+  [[nodiscard]] const segment_layout& layout() const noexcept { return layout_; }
+
+  /// Runs `phase` over `group`. `divisor` > 1 divides the result (avg). `info` names the
+  /// operation in errors; `deadline` bounds every wait.
+  /// @throws timeout_error, communication_error (a peer aborted), mismatch_error (a peer is in
+  /// another operation)
+  void run(node_phase phase, const tensor_group& group, std::uint32_t group_index, reduce_op op,
+           std::int64_t divisor, const op_info& info, clock::time_point deadline) {
+    const std::size_t esz = size_of(group.type);
+    const std::size_t chunk_elems = layout_.chunk_bytes() / esz;
+    const bool zero_copy = group.zero_copy_offset.has_value();
+    std::uint64_t last = 0;
+    for (std::size_t first = 0; first < group.total; first += chunk_elems) {
+      const std::size_t n = std::min(chunk_elems, group.total - first);
+      const std::uint64_t g = next_chunk_++;
+      last = g;
+      chunk_descriptor d;
+      d.op_seq = info.seq;
+      d.first = first;
+      d.count = n;
+      d.total = group.total;
+      d.type = static_cast<std::uint32_t>(group.type);
+      d.op = static_cast<std::uint32_t>(op);
+      d.phase = static_cast<std::uint32_t>(phase);
+      d.group = group_index;
+      wait_ctx ctx{info, deadline, g};
+      if (g >= 2) wait_all(&rank_control::copied, g - 1, ctx, "release its staging slot");
+      if (phase == node_phase::broadcast) {
+        broadcast_chunk(group, d, zero_copy, ctx);
+      } else {
+        reduce_chunk(phase, group, d, zero_copy, divisor, ctx);
+      }
+    }
+    const bool others_read_mine = zero_copy && (phase != node_phase::broadcast || me_ == 0);
+    if (others_read_mine && group.total > 0) {
+      wait_all(&rank_control::copied, last + 1, {info, deadline, last}, "finish reading this rank's buffer");
+    }
+  }
+
+  /// Makes every peer's pending and future waits fail (first caller wins). `reason`: 1 abort(),
+  /// 2 a collective failed here.
+  void abort(std::uint32_t reason) noexcept {
+    auto* h = header();
+    std::uint32_t none = 0;
+    if (std::atomic_ref<std::uint32_t>(h->aborted_by).compare_exchange_strong(none, static_cast<std::uint32_t>(me_ + 1))) {
+      std::atomic_ref<std::uint32_t>(h->abort_reason).store(reason, std::memory_order_release);
+    }
+  }
+
+ private:
+  struct wait_ctx {
+    const op_info& info;
+    clock::time_point deadline;
+    std::uint64_t chunk;
+  };
+
+  [[nodiscard]] segment_header* header() const noexcept { return reinterpret_cast<segment_header*>(base_); }
+  [[nodiscard]] rank_control& control(int q) const noexcept {
+    return *reinterpret_cast<rank_control*>(base_ + layout_.control(q));
+  }
+  [[nodiscard]] rank_control& mine() const noexcept { return control(me_); }
+
+  void publish(std::uint64_t rank_control::*field, std::uint64_t value) const noexcept {
+    std::atomic_ref<std::uint64_t>(mine().*field).store(value, std::memory_order_release);
+  }
+  [[nodiscard]] std::uint64_t read(int q, std::uint64_t rank_control::*field) const noexcept {
+    return std::atomic_ref<std::uint64_t>(control(q).*field).load(std::memory_order_acquire);
+  }
+
+  // Slice of node rank q within a chunk of n elements: equal shares rounded up to whole 64-byte
+  // lines, so no two reducers write one cache line.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> slice(int q, std::size_t n, std::size_t esz) const noexcept {
+    const std::size_t line = std::max<std::size_t>(1, 64 / esz);
+    const std::size_t share = round_up((n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_), line);
+    const std::size_t a = std::min(n, share * static_cast<std::size_t>(q));
+    return {a, std::min(n, a + share)};
+  }
+
+  void reduce_chunk(node_phase phase, const tensor_group& group, chunk_descriptor& d, bool zero_copy,
+                    std::int64_t divisor, const wait_ctx& ctx) {
+    const std::size_t esz = size_of(group.type);
+    const std::size_t parity = ctx.chunk & 1;
+    if (zero_copy) {
+      d.offset = *group.zero_copy_offset + d.first * esz;
+    } else {
+      d.offset = layout_.slot(me_, parity);
+      group.copy_out(d.first, d.count, base_ + d.offset);
+    }
+    mine().desc[parity] = d;
+    publish(&rank_control::staged, ctx.chunk + 1);
+
+    wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
+    const void* in[max_inline_ranks];
+    std::vector<const void*> in_heap;
+    const void** inputs = in;
+    if (size_ > max_inline_ranks) {
+      in_heap.resize(static_cast<std::size_t>(size_));
+      inputs = in_heap.data();
+    }
+    const auto [a, b] = slice(me_, static_cast<std::size_t>(d.count), esz);
+    for (int q = 0; q < size_; ++q) {
+      const chunk_descriptor& dq = control(q).desc[parity];
+      check_same(q, dq, d, ctx);
+      inputs[q] = base_ + dq.offset + a * esz;
+    }
+    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), base_ + d.offset + a * esz, inputs, size_, b - a,
+                        divisor);
+    publish(&rank_control::reduced, ctx.chunk + 1);
+
+    if (phase == node_phase::allreduce || me_ == 0) {
+      wait_all(&rank_control::reduced, ctx.chunk + 1, ctx, "reduce its slice");
+      for (int q = 0; q < size_; ++q) {
+        const auto [qa, qb] = slice(q, static_cast<std::size_t>(d.count), esz);
+        if (qb == qa || (zero_copy && q == me_)) continue;
+        const std::byte* src = base_ + control(q).desc[parity].offset + qa * esz;
+        if (zero_copy) {
+          std::memcpy(base_ + d.offset + qa * esz, src, (qb - qa) * esz);
+        } else {
+          group.copy_in(d.first + qa, qb - qa, src);
+        }
+      }
+    }
+    publish(&rank_control::copied, ctx.chunk + 1);
+  }
+
+  void broadcast_chunk(const tensor_group& group, chunk_descriptor& d, bool zero_copy, const wait_ctx& ctx) {
+    const std::size_t esz = size_of(group.type);
+    const std::size_t parity = ctx.chunk & 1;
+    if (me_ == 0) {
+      if (zero_copy) {
+        d.offset = *group.zero_copy_offset + d.first * esz;
+      } else {
+        d.offset = layout_.slot(0, parity);
+        group.copy_out(d.first, d.count, base_ + d.offset);
+      }
+      mine().desc[parity] = d;
+      publish(&rank_control::staged, ctx.chunk + 1);
+    } else {
+      wait_for(0, &rank_control::staged, ctx.chunk + 1, ctx, "stage the broadcast");
+      const chunk_descriptor& d0 = control(0).desc[parity];
+      check_same(0, d0, d, ctx);
+      const std::byte* src = base_ + d0.offset;
+      if (zero_copy) {
+        std::memcpy(base_ + *group.zero_copy_offset + d.first * esz, src, d.count * esz);
+      } else {
+        group.copy_in(d.first, d.count, src);
+      }
+    }
+    publish(&rank_control::copied, ctx.chunk + 1);
+  }
+
+  void wait_all(std::uint64_t rank_control::*field, std::uint64_t value, const wait_ctx& ctx, const char* what) const {
+    for (int q = 0; q < size_; ++q) {
+      if (q != me_) wait_for(q, field, value, ctx, what);
+    }
+  }
+
+  void wait_for(int q, std::uint64_t rank_control::*field, std::uint64_t value, const wait_ctx& ctx,
+                const char* what) const {
+    if (read(q, field) >= value) return;
+    backoff wait(spins_);
+    auto& aborted = header()->aborted_by;
+    while (read(q, field) < value) {
+      if (const std::uint32_t by = std::atomic_ref<std::uint32_t>(aborted).load(std::memory_order_acquire); by != 0) {
+        throw_aborted(by, ctx);
+      }
+      if ((wait.steps() & 127u) == 127u && clock::now() >= ctx.deadline) throw_timeout(q, what, ctx);
+      wait.pause();
+    }
+  }
+
+  [[noreturn]] void throw_aborted(std::uint32_t by, const wait_ctx& ctx) const {
+    const int q = static_cast<int>(by) - 1;
+    const std::uint32_t reason = std::atomic_ref<std::uint32_t>(header()->abort_reason).load(std::memory_order_acquire);
+    throw communication_error(ctx.info.rank, ctx.info.describe(),
+                              "rank " + std::to_string(world_rank(q)) +
+                                  (reason == 1 ? " aborted its communicator" : " failed a shared-memory collective") +
+                                  "; the node's segment is unusable");
+  }
+
+  [[noreturn]] void throw_timeout(int q, const char* what, const wait_ctx& ctx) const {
+    throw timeout_error(ctx.info.rank, ctx.info.describe(),
+                        "rank " + std::to_string(world_rank(q)) + " (same node) did not " + what + " for chunk " +
+                            std::to_string(ctx.chunk) + " within " + std::to_string(ctx.info.timeout.count()) +
+                            " ms (a peer is slow, dead, or issued a different collective)");
+  }
+
+  void check_same(int q, const chunk_descriptor& theirs, const chunk_descriptor& ours, const wait_ctx& ctx) const {
+    if (theirs.op_seq == ours.op_seq && theirs.first == ours.first && theirs.count == ours.count &&
+        theirs.total == ours.total && theirs.type == ours.type && theirs.op == ours.op && theirs.phase == ours.phase &&
+        theirs.group == ours.group) {
+      return;
+    }
+    throw mismatch_error(ctx.info.rank, ctx.info.describe(),
+                         "ranks issued different collectives at the same position: rank " +
+                             std::to_string(world_rank(q)) + " is at " + describe(theirs) + ", this rank at " +
+                             describe(ours));
+  }
+
+  [[nodiscard]] static std::string describe(const chunk_descriptor& d) {
+    return "allreduce #" + std::to_string(d.op_seq) + " (" +
+           std::string(name_of(static_cast<reduce_op>(d.op))) + ", " +
+           std::string(name_of(static_cast<dtype>(d.type))) + " x " + std::to_string(d.total) + ", dtype group " +
+           std::to_string(d.group) + ", " + name_of(static_cast<node_phase>(d.phase)) + ", elements " +
+           std::to_string(d.first) + "+" + std::to_string(d.count) + ")";
+  }
+
+  [[nodiscard]] int world_rank(int q) const {
+    return q >= 0 && static_cast<std::size_t>(q) < world_.size() ? world_[static_cast<std::size_t>(q)] : q;
+  }
+
+  static constexpr int max_inline_ranks = 64;
+
+  std::byte* base_;
+  segment_layout layout_;
+  int me_;
+  int size_;
+  std::vector<int> world_;
+  unsigned spins_;
+  std::uint64_t next_chunk_ = 0;
+};
+
+}  // namespace ddp::shm

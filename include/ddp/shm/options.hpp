@@ -1,0 +1,57 @@
+#pragma once
+/// @file shm/options.hpp
+/// @brief `options` of a shared-memory communicator (designated initialisers, printable, comparable).
+
+#include <chrono>
+#include <cstddef>
+#include <ostream>
+#include <vector>
+
+#include <ddp/work.hpp>
+
+namespace ddp::shm {
+
+/// Knobs of `ddp::shm::communicator`. Every rank must pass the same values (checked at set-up).
+/// @code
+/// ddp::shm::communicator comm(std::move(inner), {.chunk_bytes = 512 << 10, .arena_bytes = 256 << 20});
+/// @endcode
+struct options {
+  /// Pipeline granularity: each rank stages and reduces its data in chunks of this many bytes,
+  /// two chunks in flight (double-buffered), so a large allreduce streams through cache instead
+  /// of through memory. Rounded up to a multiple of 4 KiB; at least 4 KiB.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+
+  /// Bytes of the segment each rank may hand out with `communicator::allocate()` (zero-copy
+  /// buffers, e.g. bucket storage). 0: no arena.
+  std::size_t arena_bytes = 0;
+
+  /// Deadline of every wait for a peer in shared memory (a dead or stuck peer becomes a
+  /// `timeout_error` naming the operation instead of a hang).
+  std::chrono::milliseconds timeout = default_timeout;
+
+  /// Busy-wait iterations (with a CPU pause) before a waiting rank starts yielding its core.
+  /// Spinning keeps small-message latency low; yielding keeps oversubscribed runs (more ranks
+  /// than cores) moving.
+  unsigned spins_before_yield = 256;
+
+  /// Node index of every rank of the wrapped communicator. Empty: detect (ranks on the same
+  /// host share a node). Set it to simulate several nodes on one machine, e.g. `{0, 0, 1, 1}`.
+  std::vector<int> node_of_rank{};
+
+  friend bool operator==(const options&, const options&) = default;
+
+  friend std::ostream& operator<<(std::ostream& os, const options& o) {
+    os << "{chunk_bytes: " << o.chunk_bytes << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()
+       << " ms, spins_before_yield: " << o.spins_before_yield << ", node_of_rank: ";
+    if (o.node_of_rank.empty()) {
+      os << "detect";
+    } else {
+      os << "[";
+      for (std::size_t i = 0; i < o.node_of_rank.size(); ++i) os << (i ? ", " : "") << o.node_of_rank[i];
+      os << "]";
+    }
+    return os << "}";
+  }
+};
+
+}  // namespace ddp::shm

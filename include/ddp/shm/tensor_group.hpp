@@ -1,0 +1,64 @@
+#pragma once
+/// @file shm/tensor_group.hpp
+/// @brief `tensor_group`: the tensors of one dtype in one allreduce call, seen as a single
+/// sequence of elements (the pipeline cuts that sequence into chunks, whatever tensors they span).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <ddp/dtype.hpp>
+#include <ddp/tensor.hpp>
+
+namespace ddp::shm {
+
+struct tensor_group {
+  ddp::dtype type = dtype::f32;
+  std::vector<tensor_view> parts;   ///< non-empty tensors, in call order
+  std::vector<std::size_t> starts;  ///< first element of each part in the sequence
+  std::size_t total = 0;            ///< elements of all parts
+  /// Segment offset of the only part when it lies in this rank's arena: it is then reduced where
+  /// it is (zero-copy) instead of through the staging slots.
+  std::optional<std::size_t> zero_copy_offset;
+
+  void add(tensor_view t) {
+    parts.push_back(t);
+    starts.push_back(total);
+    total += t.count;
+  }
+
+  /// Copies elements [first, first + n) of the sequence to `dst`.
+  void copy_out(std::size_t first, std::size_t n, std::byte* dst) const noexcept {
+    visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t done) {
+      std::memcpy(dst + done * size_of(type), t.byte_data() + at * size_of(type), m * size_of(type));
+    });
+  }
+  /// Copies `src` into elements [first, first + n) of the sequence.
+  void copy_in(std::size_t first, std::size_t n, const std::byte* src) const noexcept {
+    visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t done) {
+      std::memcpy(t.byte_data() + at * size_of(type), src + done * size_of(type), m * size_of(type));
+    });
+  }
+
+ private:
+  // fn(part, element offset in the part, elements, elements done before) over the pieces of the range.
+  template <class F>
+  void visit(std::size_t first, std::size_t n, F&& fn) const noexcept {
+    if (n == 0) return;
+    auto it = std::upper_bound(starts.begin(), starts.end(), first);
+    auto p = static_cast<std::size_t>(it - starts.begin()) - 1;
+    std::size_t done = 0;
+    while (done < n) {
+      const tensor_view& t = parts[p];
+      const std::size_t at = first + done - starts[p];
+      const std::size_t m = std::min(n - done, t.count - at);
+      fn(t, at, m, done);
+      done += m;
+      ++p;
+    }
+  }
+};
+
+}  // namespace ddp::shm
