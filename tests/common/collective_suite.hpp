@@ -250,4 +250,56 @@ inline void run_all(ddp::communicator_ref comm) {
   usage_errors(comm);
 }
 
+// --- appended by the MPI backend work --------------------------------------------------------
+
+/// Coalesced allreduce with several tensors per dtype, interleaved (backends that stage each
+/// dtype group copy them in and out), for every op; `big` elements make one group large.
+inline void allreduce_coalesced_groups(ddp::communicator_ref comm, std::size_t big) {
+  const std::vector<ddp::dtype> types{ddp::dtype::f32, ddp::dtype::i64, ddp::dtype::f16, ddp::dtype::f32,
+                                      ddp::dtype::bf16, ddp::dtype::i64, ddp::dtype::f16, ddp::dtype::bf16,
+                                      ddp::dtype::u8, ddp::dtype::f32};
+  for (ddp::reduce_op op : all_ops()) {
+    std::vector<buffer> bufs;
+    for (std::size_t k = 0; k < types.size(); ++k) {
+      const std::size_t n = k == 3 ? big : 5 + 7 * k;
+      bufs.emplace_back(types[k], n);
+      for (std::size_t i = 0; i < n; ++i) bufs.back().set(i, value(comm.rank(), i + k));
+    }
+    bufs.emplace_back(ddp::dtype::i64, 0);
+    std::vector<ddp::tensor_view> views;
+    for (auto& b : bufs) views.push_back(b.view());
+    comm.allreduce(views, op).wait();
+    for (std::size_t k = 0; k < types.size(); ++k) {
+      const buffer& b = bufs[k];
+      const std::string where = "coalesced groups " + std::string(ddp::name_of(op)) + " tensor " + std::to_string(k) +
+                                " (" + std::string(ddp::name_of(b.type)) + ")";
+      for (std::size_t i = 0; i < b.count(); ++i) {
+        double want = expected_reduction(op, b.type, comm.size(), i + k);
+        expect_close(b.get(i), want, b.type, where + " i=" + std::to_string(i));
+      }
+      expect_same_bits_everywhere(comm, b, where);
+    }
+  }
+}
+
+/// Several large allreduces in flight at once, completed in reverse order (backends that
+/// implement large allreduces over point-to-point messages must keep them apart).
+inline void large_allreduces_in_flight(ddp::communicator_ref comm, std::size_t n) {
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(n));
+  std::vector<ddp::work> works;
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    for (std::size_t i = 0; i < n; ++i) bufs[k][i] = static_cast<float>(value(comm.rank(), i + k) + static_cast<double>(k));
+    works.push_back(comm.allreduce(bufs[k], k % 2 ? ddp::reduce_op::avg : ddp::reduce_op::sum));
+  }
+  for (std::size_t k = works.size(); k-- > 0;) works[k].wait();
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    for (std::size_t i = 0; i < n; i += 97) {
+      double want = 0;
+      for (int r = 0; r < comm.size(); ++r) want += value(r, i + k) + static_cast<double>(k);
+      if (k % 2) want /= comm.size();
+      expect_close(bufs[k][i], want, ddp::dtype::f32, "large in flight " + std::to_string(k) + " i=" + std::to_string(i));
+    }
+  }
+}
+
 }  // namespace suite

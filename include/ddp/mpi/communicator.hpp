@@ -1,0 +1,377 @@
+#pragma once
+/// @file mpi/communicator.hpp
+/// @brief `ddp::mpi::communicator`: the MPI backend of the `ddp::communicator` concept.
+///
+/// - Owns a duplicate of the MPI_Comm it is built from, so ddp traffic never mixes with the
+///   program's own (constructing one is collective over that communicator).
+/// - Every collective is non-blocking and returns a `ddp::work`; Open MPI makes no progress
+///   between MPI calls, so drive in-flight work with `work::test()` at natural points, or
+///   `wait()`. Buffers must stay alive and untouched until the work completed.
+/// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
+/// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
+///   2+ tensors is copied into one staging buffer and reduced by one collective. Below
+///   `options::ring_min_bytes` a group goes through MPI_Iallreduce, from there through ddp's
+///   ring (see ring_allreduce.hpp for why).
+/// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
+///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
+/// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
+///   failures become `mpi_error` (a `communication_error`) naming rank, operation and MPI's text.
+/// - Threads: at MPI_THREAD_MULTIPLE any thread may call; at MPI_THREAD_SERIALIZED the
+///   communicator locks around its MPI calls (so components may call it from several threads,
+///   but the program's own MPI calls on other threads must be serialised by the program); below
+///   that only the creating thread may call, others get a `usage_error`.
+/// - Collectives must be issued in the same order on every rank, with the same options.
+
+#include <mpi.h>
+
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <ddp/communicator.hpp>
+#include <ddp/error.hpp>
+#include <ddp/mpi/comm_state.hpp>
+#include <ddp/mpi/error.hpp>
+#include <ddp/mpi/options.hpp>
+#include <ddp/mpi/thread_level.hpp>
+#include <ddp/mpi/work.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::mpi {
+
+/// One rank's handle on a group of MPI processes. Move-only.
+class communicator {
+ public:
+  /// Duplicates `comm` (collective over it). Throws `usage_error` if MPI is not running.
+  explicit communicator(MPI_Comm comm, options opts = {})
+      : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
+
+  /// A communicator over all processes (duplicates MPI_COMM_WORLD).
+  [[nodiscard]] static communicator world(options opts = {}) { return communicator(MPI_COMM_WORLD, std::move(opts)); }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  /// Frees the duplicate once no work uses it any more (never after MPI_Finalize).
+  ~communicator() = default;
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  [[nodiscard]] const options& opts() const { return live("options").opts(); }
+  /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
+  [[nodiscard]] thread_level threads() const { return live("threads").level(); }
+  /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
+  /// ddp's sequence; use the parent communicator for the program's own traffic.
+  [[nodiscard]] MPI_Comm native_handle() const { return live("native_handle").comm(); }
+  /// Number of collectives issued so far (the next one's sequence number).
+  [[nodiscard]] std::uint64_t issued() const { return live("issued").peek_seq(); }
+
+  /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ).
+  work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
+    detail::comm_state& s = begin("allreduce");
+    op_info info = make_info(s, "allreduce", tensors, op, -1);
+    info.seq = s.next_seq();
+    if (info.count == 0) return work::ready();
+    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    if (tensors.size() == 1) {
+      allreduce_region(s, *w, tensors[0], op);
+    } else {
+      allreduce_grouped(s, *w, tensors, op);
+    }
+    return work(std::move(w));
+  }
+
+  /// In-place broadcast of `tensors` from `root` (one coalesced call).
+  work broadcast(std::span<const tensor_view> tensors, int root) {
+    detail::comm_state& s = begin("broadcast");
+    if (root < 0 || root >= size_) {
+      throw usage_error(rank_, "broadcast", "root " + std::to_string(root) +
+                                                " is not a rank of a communicator of size " + std::to_string(size_));
+    }
+    op_info info = make_info(s, "broadcast", tensors, reduce_op::sum, root);
+    info.seq = s.next_seq();
+    if (info.count == 0) return work::ready();
+    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    std::size_t non_empty = 0;
+    const tensor_view* only = nullptr;
+    std::size_t bytes = 0;
+    for (const tensor_view& t : tensors) {
+      if (t.count == 0) continue;
+      ++non_empty;
+      only = &t;
+      bytes += t.bytes();
+    }
+    if (non_empty == 1) {
+      ibcast(s, *w, only->byte_data(), only->count, s.types().datatype(only->type), size_of(only->type), root);
+    } else {
+      // One byte buffer for all tensors: a broadcast does not care about dtypes.
+      std::byte* staging = w->add_staging(bytes);
+      std::size_t offset = 0;
+      for (const tensor_view& t : tensors) {
+        if (t.count == 0) continue;
+        if (rank_ == root) {
+          std::memcpy(staging + offset, t.data, t.bytes());
+        } else {
+          w->copy_on_completion(staging + offset, t);
+        }
+        offset += t.bytes();
+      }
+      ibcast(s, *w, staging, bytes, MPI_BYTE, 1, root);
+    }
+    return work(std::move(w));
+  }
+
+  /// `out.count == in.count * size()`; rank r's `in` lands at `out[r * in.count]`. `in` may be
+  /// that slice of `out` (in-place allgather); other overlaps are rejected.
+  work allgather(tensor_view in, tensor_view out) {
+    detail::comm_state& s = begin("allgather");
+    check_pair(s, "allgather", in, out);
+    if (out.count != in.count * static_cast<std::size_t>(size_)) {
+      throw usage_error(rank_, "allgather", "output has " + std::to_string(out.count) +
+                                                " elements, expected input count " + std::to_string(in.count) +
+                                                " x size " + std::to_string(size_));
+    }
+    const std::array<tensor_view, 1> views{in};
+    op_info info = make_info(s, "allgather", views, reduce_op::sum, -1);
+    const bool in_place = in.data == out.byte_data() + static_cast<std::size_t>(rank_) * in.bytes();
+    if (!in_place && overlap(in, out)) {
+      throw usage_error(rank_, info.describe(), "input overlaps output other than at this rank's block");
+    }
+    check_count(info, in.count);
+    info.seq = s.next_seq();
+    if (in.count == 0) return work::ready();
+    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    const MPI_Datatype type = s.types().datatype(in.type);
+    const int n = static_cast<int>(in.count);
+    int rc = MPI_SUCCESS;
+    {
+      detail::call_guard guard(s);
+      rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, type, out.data, n, type, s.comm(), w->new_request());
+    }
+    detail::check(rc, info, "MPI_Iallgather");
+    return work(std::move(w));
+  }
+
+  /// `in.count == out.count * size()`; rank r gets block r of the reduction. No overlap allowed.
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
+    detail::comm_state& s = begin("reduce_scatter");
+    check_pair(s, "reduce_scatter", in, out);
+    if (in.count != out.count * static_cast<std::size_t>(size_)) {
+      throw usage_error(rank_, "reduce_scatter", "input has " + std::to_string(in.count) +
+                                                     " elements, expected output count " + std::to_string(out.count) +
+                                                     " x size " + std::to_string(size_));
+    }
+    const std::array<tensor_view, 1> views{in};
+    op_info info = make_info(s, "reduce_scatter", views, op, -1);
+    if (overlap(in, out)) throw usage_error(rank_, info.describe(), "input and output overlap");
+    check_count(info, out.count);
+    info.seq = s.next_seq();
+    if (out.count == 0) return work::ready();
+    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    int rc = MPI_SUCCESS;
+    {
+      detail::call_guard guard(s);
+      rc = MPI_Ireduce_scatter_block(in.data, out.data, static_cast<int>(out.count), s.types().datatype(out.type),
+                                     s.types().op(out.type, op), s.comm(), w->new_request());
+    }
+    detail::check(rc, info, "MPI_Ireduce_scatter_block");
+    if (op == reduce_op::avg) w->divide_on_completion(out);
+    return work(std::move(w));
+  }
+
+  work barrier() {
+    detail::comm_state& s = begin("barrier");
+    op_info info = make_info(s, "barrier", {}, reduce_op::sum, -1);
+    info.seq = s.next_seq();
+    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    int rc = MPI_SUCCESS;
+    {
+      detail::call_guard guard(s);
+      rc = MPI_Ibarrier(s.comm(), w->new_request());
+    }
+    detail::check(rc, info, "MPI_Ibarrier");
+    return work(std::move(w));
+  }
+
+  /// Local: pending work of this communicator fails with `communication_error`, later calls
+  /// throw `usage_error`. Peers are not told (they time out); MPI_Abort is never called.
+  void abort() noexcept {
+    if (state_) state_->abort();
+  }
+
+  /// Single-tensor conveniences over any tensor type.
+  template <class T>
+    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
+  work allreduce(T& t, reduce_op op) {
+    const tensor_view v = ddp::view(t);
+    return allreduce(std::span<const tensor_view>(&v, 1), op);
+  }
+  template <class T>
+    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
+  work broadcast(T& t, int root) {
+    const tensor_view v = ddp::view(t);
+    return broadcast(std::span<const tensor_view>(&v, 1), root);
+  }
+
+ private:
+  static constexpr std::size_t max_count = INT_MAX;  // MPI counts are ints
+
+  [[nodiscard]] const detail::comm_state& live(const char* what) const {
+    if (!state_) throw usage_error(rank_, what, "use of a moved-from mpi::communicator");
+    return *state_;
+  }
+
+  detail::comm_state& begin(const char* name) {
+    if (!state_) [[unlikely]] {
+      throw usage_error(rank_, name, "use of a moved-from mpi::communicator");
+    }
+    if (state_->aborted()) [[unlikely]] {
+      throw usage_error(rank_, name, "communicator used after abort()");
+    }
+    state_->check_thread(name);
+    return *state_;
+  }
+
+  // Describes the call and checks every tensor is host memory with data.
+  op_info make_info(const detail::comm_state& s, const char* name, std::span<const tensor_view> tensors, reduce_op op,
+                    int root) const {
+    op_info info;
+    info.rank = rank_;
+    info.name = name;
+    info.seq = s.peek_seq();
+    info.op = op;
+    info.root = root;
+    info.timeout = s.opts().timeout;
+    if (!tensors.empty()) info.type = tensors[0].type;
+    for (const tensor_view& t : tensors) info.count += t.count;
+    for (const tensor_view& t : tensors) {
+      if (!t.where.is_host()) [[unlikely]] {
+        throw usage_error(rank_, info.describe(),
+                          "the MPI backend needs host memory, got a tensor on " + t.where.str() +
+                              " (ddp does not assume a CUDA-aware MPI)");
+      }
+      if (t.count > 0 && t.data == nullptr) [[unlikely]] {
+        throw usage_error(rank_, info.describe(), "tensor has no data pointer");
+      }
+    }
+    return info;
+  }
+
+  void check_pair(const detail::comm_state& s, const char* name, tensor_view in, tensor_view out) const {
+    if (in.type != out.type) {
+      throw usage_error(rank_, name, "input dtype " + std::string(name_of(in.type)) + " differs from output dtype " +
+                                         std::string(name_of(out.type)));
+    }
+    const std::array<tensor_view, 2> both{in, out};
+    (void)make_info(s, name, both, reduce_op::sum, -1);  // host memory, data pointers
+  }
+
+  void check_count(const op_info& info, std::size_t per_rank) const {
+    if (per_rank > max_count) {
+      throw usage_error(rank_, info.describe(),
+                        std::to_string(per_rank) + " elements per rank exceed MPI's limit of " +
+                            std::to_string(max_count) + "; split the tensor");
+    }
+  }
+
+  static bool overlap(tensor_view a, tensor_view b) noexcept {
+    if (a.count == 0 || b.count == 0) return false;
+    const auto* a0 = a.byte_data();
+    const auto* b0 = b.byte_data();
+    return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+  }
+
+  // Allreduce of one contiguous region in place: ring or MPI_Iallreduce (in chunks of at most
+  // INT_MAX elements). `avg` divides on completion (the ring divides by itself).
+  void allreduce_region(detail::comm_state& s, detail::mpi_work& w, tensor_view region, reduce_op op) {
+    if (region.count == 0) return;
+    if (size_ > 1 && region.bytes() >= s.opts().ring_min_bytes) {
+      w.add_ring(region, op);
+      return;
+    }
+    const MPI_Datatype type = s.types().datatype(region.type);
+    const MPI_Op mpi_op = s.types().op(region.type, op);
+    for (std::size_t done = 0; done < region.count;) {
+      const std::size_t n = std::min(max_count, region.count - done);
+      int rc = MPI_SUCCESS;
+      {
+        detail::call_guard guard(s);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, region.byte_data() + done * size_of(region.type), static_cast<int>(n),
+                            type, mpi_op, s.comm(), w.new_request());
+      }
+      detail::check(rc, w.info(), "MPI_Iallreduce");
+      done += n;
+    }
+    if (op == reduce_op::avg) w.divide_on_completion(region);
+  }
+
+  // Coalesced allreduce: one region per dtype (a lone tensor in place, several through staging),
+  // in dtype order, which every rank derives from the same call.
+  void allreduce_grouped(detail::comm_state& s, detail::mpi_work& w, std::span<const tensor_view> tensors,
+                         reduce_op op) {
+    constexpr std::size_t kinds = 8;
+    std::array<std::size_t, kinds> counts{};
+    std::array<std::size_t, kinds> members{};
+    std::array<const tensor_view*, kinds> lone{};
+    for (const tensor_view& t : tensors) {
+      if (t.count == 0) continue;
+      const auto k = static_cast<std::size_t>(t.type);
+      counts[k] += t.count;
+      ++members[k];
+      lone[k] = &t;
+    }
+    for (std::size_t k = 0; k < kinds; ++k) {
+      if (members[k] == 0) continue;
+      if (members[k] == 1) {
+        allreduce_region(s, w, *lone[k], op);
+        continue;
+      }
+      const auto type = static_cast<dtype>(k);
+      std::byte* staging = w.add_staging(counts[k] * size_of(type));
+      std::size_t offset = 0;
+      for (const tensor_view& t : tensors) {
+        if (t.count == 0 || t.type != type) continue;
+        std::memcpy(staging + offset, t.data, t.bytes());
+        offset += t.bytes();
+      }
+      allreduce_region(s, w, {staging, counts[k], type, device::host()}, op);
+      offset = 0;
+      for (const tensor_view& t : tensors) {
+        if (t.count == 0 || t.type != type) continue;
+        w.copy_on_completion(staging + offset, t);
+        offset += t.bytes();
+      }
+    }
+  }
+
+  // MPI_Ibcast of `count` elements of `elem` bytes, in chunks of at most INT_MAX elements.
+  void ibcast(detail::comm_state& s, detail::mpi_work& w, std::byte* data, std::size_t count, MPI_Datatype type,
+              std::size_t elem, int root) {
+    for (std::size_t done = 0; done < count;) {
+      const std::size_t n = std::min(max_count, count - done);
+      int rc = MPI_SUCCESS;
+      {
+        detail::call_guard guard(s);
+        rc = MPI_Ibcast(data + done * elem, static_cast<int>(n), type, root, s.comm(), w.new_request());
+      }
+      detail::check(rc, w.info(), "MPI_Ibcast");
+      done += n;
+    }
+  }
+
+  std::shared_ptr<detail::comm_state> state_;
+  int rank_ = -1;
+  int size_ = 0;
+};
+
+static_assert(ddp::communicator<communicator>);
+
+}  // namespace ddp::mpi

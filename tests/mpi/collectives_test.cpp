@@ -1,0 +1,48 @@
+// The backend-generic collective suite over ddp::mpi::communicator, once per allreduce path:
+// MPI_Iallreduce only, ddp's ring only (with small segments, so blocks span several messages),
+// the default mix, and with the communicator serialising its MPI calls.
+#include <catch2/catch.hpp>
+#include <ddp/mpi.hpp>
+
+#include "../common/collective_suite.hpp"
+
+namespace {
+
+ddp::mpi::options mpi_only() { return {.ring_min_bytes = ddp::mpi::options::never}; }
+ddp::mpi::options ring_only() { return {.ring_min_bytes = 0, .ring_segment_bytes = 1000}; }
+ddp::mpi::options serialized() { return {.max_thread_level = ddp::mpi::thread_level::serialized}; }
+
+}  // namespace
+
+TEST_CASE("mpi: the backend-generic collective suite, default options", "[mpi][suite]") {
+  auto comm = ddp::mpi::communicator::world();
+  REQUIRE_NOTHROW(suite::run_all(comm));
+  REQUIRE_NOTHROW(suite::allreduce_coalesced_groups(comm, 100000));
+  REQUIRE_NOTHROW(suite::large_allreduces_in_flight(comm, 300000));
+}
+
+TEST_CASE("mpi: the suite with MPI_Iallreduce only", "[mpi][suite]") {
+  auto comm = ddp::mpi::communicator::world(mpi_only());
+  REQUIRE_NOTHROW(suite::run_all(comm));
+  REQUIRE_NOTHROW(suite::allreduce_coalesced_groups(comm, 100000));
+}
+
+TEST_CASE("mpi: the suite with the ring only, in small segments", "[mpi][suite]") {
+  auto comm = ddp::mpi::communicator::world(ring_only());
+  REQUIRE_NOTHROW(suite::run_all(comm));
+  REQUIRE_NOTHROW(suite::allreduce_coalesced_groups(comm, 4099));
+  REQUIRE_NOTHROW(suite::large_allreduces_in_flight(comm, 20011));
+}
+
+TEST_CASE("mpi: the suite with the communicator serialising its MPI calls", "[mpi][suite]") {
+  auto comm = ddp::mpi::communicator::world(serialized());
+  REQUIRE(comm.threads() <= ddp::mpi::thread_level::serialized);
+  REQUIRE_NOTHROW(suite::run_all(comm));
+}
+
+TEST_CASE("mpi: allreduce larger than 64 MiB, ring and MPI_Iallreduce", "[mpi][large]") {
+  auto ring = ddp::mpi::communicator::world();
+  REQUIRE_NOTHROW(suite::large_allreduce(ring));
+  auto mpi = ddp::mpi::communicator::world(mpi_only());
+  REQUIRE_NOTHROW(suite::large_allreduce(mpi));
+}
