@@ -1,0 +1,600 @@
+#pragma once
+/// @file manager.hpp
+/// @brief `Manager`: fault-tolerant training steps over replicas that may die and come back.
+///
+/// torchft's protocol as one C++ component over a rendezvous store and any communicator backend
+/// that can be rebuilt (gloo on CPUs, NCCL on GPUs, local threads in tests):
+///
+/// - **Each step** the trainer calls `start_quorum()`, runs forward/backward with gradient
+///   collectives going through the Manager (it models `ddp::communicator`; give it to a Bucketer
+///   with a fixed layout and install `gradient_hook()`), then asks `should_commit()` before its
+///   optimizer step. Errors of any collective are captured, never thrown mid-backward: the
+///   Manager aborts its communicator (so every peer fails fast too) and the step is discarded.
+/// - **Fast path.** While nothing changes, a step costs one int64 allreduce (in
+///   `should_commit()`, the commit vote) plus a heartbeat written to the store at most every
+///   `heartbeat_interval`. Rank 0 also reads the store's join counter at that rate and folds "a
+///   replica wants in" into the vote, so joins take effect at the next `start_quorum()`.
+/// - **Quorum change** (after an error, a failed vote, or a join request): every live replica
+///   meets in the store under a fresh generation (`stores::join_group`): the group forms with at
+///   least `max(min_replicas, majority of the previous quorum's members whose heartbeat is
+///   fresh)` members, so a partitioned minority cannot form a quorum and commit on its own.
+///   A new communicator is built for the group through the user's factory.
+/// - **Healing**: members exchange their step counters; members behind the highest step (or new)
+///   receive every registered state tensor and scalar from the up-to-date members, streamed in
+///   chunks by broadcast, chunk k from source k mod (number of sources). A final allgather of
+///   state hashes proves every member holds the same bits. Healing completes inside
+///   `start_quorum()`, before the step's collectives.
+/// - **Commit**: `should_commit()` is true on every member iff nobody saw an error in the step and
+///   at least `min_replicas` took part. The step counter only advances on commit.
+///
+/// Averaging divides by the number of participants actually present.
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/any_communicator.hpp>
+#include <ddp/comm_hook.hpp>
+#include <ddp/communicator.hpp>
+#include <ddp/detail/host_reduce.hpp>
+#include <ddp/error.hpp>
+#include <ddp/store.hpp>
+#include <ddp/stores/membership.hpp>
+#include <ddp/stores/prefix_store.hpp>
+#include <ddp/training_state.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+/// Knobs of the fault-tolerance protocol.
+struct manager_options {
+  /// This replica's name in the store (key characters). Ranks in a quorum follow name order.
+  std::string replica_id;
+  /// No step commits with fewer participants.
+  int min_replicas = 1;
+  /// Deadline for forming a quorum (including healing) before `start_quorum()` gives up.
+  std::chrono::milliseconds quorum_timeout{60000};
+  /// How often a replica writes its heartbeat, and rank 0 polls for join requests.
+  std::chrono::milliseconds heartbeat_interval{100};
+  /// A member whose heartbeat is older is presumed dead when counting the majority.
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  /// After the minimum number of members arrived, how long to wait for the rest.
+  std::chrono::milliseconds settle{500};
+  /// `should_commit()` throws after this many consecutive failed steps.
+  int max_consecutive_failures = 20;
+  /// Healing broadcasts state in chunks of this size.
+  std::size_t heal_chunk_bytes = std::size_t{4} << 20;
+  /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
+  /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
+  bool healed_replicas_participate = true;
+};
+
+/// A quorum as the communicator factory sees it.
+struct quorum_info {
+  std::uint64_t generation = 0;       ///< increases with every quorum change
+  int rank = 0;
+  int size = 1;
+  std::vector<std::string> members;   ///< replica ids in rank order
+  store_ref store;                    ///< namespace reserved for this generation's rendezvous
+};
+
+/// Builds the communicator of one quorum (gloo through the store, NCCL with its unique id in
+/// the store, local threads through a fabric, ...).
+using communicator_factory = std::function<any_communicator(const quorum_info&)>;
+
+/// What happened, for logs: quorum changes, discarded steps, healing.
+struct manager_event {
+  enum class kind : unsigned char { quorum, healed, sent_state, discarded, error };
+  kind what = kind::quorum;
+  std::int64_t step = 0;
+  std::string text;
+};
+
+/// Counters a trainer can print.
+struct manager_stats {
+  std::uint64_t quorums = 0;         ///< quorum changes (communicators built)
+  std::uint64_t commits = 0;
+  std::uint64_t discarded = 0;       ///< steps that did not commit
+  std::uint64_t heals = 0;           ///< times this replica received state
+  std::uint64_t healed_bytes = 0;
+  double heal_ms = 0;                ///< time spent in the last healing transfer
+};
+
+/// Quorum could not be formed in time, or too many steps failed in a row.
+class manager_error : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
+class Manager {
+ public:
+  /// @param store    shared by every replica of the job (give each job its own prefix)
+  /// @param factory  builds the communicator for each quorum
+  /// @param state    what a recovering replica receives (must outlive the Manager)
+  template <store Store, transferable_state State>
+  Manager(Store& store, communicator_factory factory, State& state, manager_options options)
+      : store_(store),
+        factory_(std::move(factory)),
+        tensors_([&state] { return std::span<const tensor_view>(state.state_tensors()); }),
+        scalars_([&state] { return std::span<std::int64_t>(state.state_scalars()); }),
+        opts_(std::move(options)) {
+    stores::detail::check_key(opts_.replica_id, "Manager replica_id");
+    if (opts_.min_replicas < 1) throw usage_error(-1, "Manager", "min_replicas must be at least 1");
+  }
+
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+  ~Manager() {
+    if (comm_) comm_.abort();
+  }
+
+  // ---- per step ----------------------------------------------------------------------------
+
+  /// Start of a step: forms a new quorum and heals if needed (blocking), else only writes the
+  /// heartbeat when due. Clears the previous step's error.
+  /// @throws manager_error if no quorum could be formed within `quorum_timeout`
+  void start_quorum() {
+    {
+      std::lock_guard lk(error_mutex_);
+      error_ = nullptr;
+    }
+    heartbeat(false);
+    if (needs_quorum_ || !comm_) form_quorum();
+    poll_join_requests();
+  }
+
+  /// End of a step: true on every participant iff no participant saw an error and at least
+  /// `min_replicas` took part. Advances the step counter on commit.
+  /// @throws manager_error after `max_consecutive_failures` failed steps in a row
+  [[nodiscard]] bool should_commit() {
+    if (!comm_ && !failed()) {
+      throw usage_error(rank_, "Manager::should_commit", "called before start_quorum() formed a quorum");
+    }
+    std::int64_t vote[2] = {failed() ? 1 : 0, join_requested_ ? 1 : 0};
+    if (!failed()) {
+      std::vector<std::int64_t> words(vote, vote + 2);
+      try {
+        communicator_ref(comm_).allreduce(words, reduce_op::max).wait();
+        vote[0] = words[0];
+        vote[1] = words[1];
+      } catch (...) {
+        capture(std::current_exception());
+        vote[0] = 1;
+      }
+    }
+    const bool commit = vote[0] == 0 && participants_ >= opts_.min_replicas;
+    if (vote[1]) needs_quorum_ = true;  // someone asked to join: re-form at the next start
+    if (commit) {
+      ++step_;
+      ++stats_.commits;
+      consecutive_failures_ = 0;
+      return true;
+    }
+    ++stats_.discarded;
+    needs_quorum_ = true;
+    emit(manager_event::kind::discarded, "step " + std::to_string(step_) + " discarded: " +
+                                             (vote[0] ? describe_error() : "fewer than min_replicas participants"));
+    if (++consecutive_failures_ > opts_.max_consecutive_failures) {
+      throw manager_error(rank_, "Manager::should_commit",
+                          std::to_string(consecutive_failures_) + " consecutive steps failed to commit; last: " +
+                              describe_error());
+    }
+    return false;
+  }
+
+  /// Comm hook for a Bucketer over this Manager: averages over the participants of the step
+  /// (a healing non-participant contributes zeros).
+  [[nodiscard]] comm_hook gradient_hook() {
+    return [this](grad_bucket& b) -> work {
+      const tensor_view data = b.data;
+      if (!participating_ && data.count) std::memset(data.data, 0, data.bytes());
+      const int divisor = std::max(participants_, 1);
+      work w = allreduce(std::span<const tensor_view>(&data, 1), reduce_op::sum);
+      w.then([data, divisor] { detail::divide_in_place(data.type, data.data, data.count, divisor); });
+      return w;
+    };
+  }
+
+  /// Optional: a fingerprint of the gradient layout (e.g. `Bucketer::layout_fingerprint()`) that
+  /// every member must share; a replica that differs is named when the quorum forms.
+  void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
+  /// Called for every event (quorum changes, healing, discarded steps).
+  void on_event(std::function<void(const manager_event&)> fn) { on_event_ = std::move(fn); }
+
+  // ---- communicator concept: forwards to the current quorum, capturing errors ------------------
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  work allreduce(std::span<const tensor_view> ts, reduce_op op) {
+    return forward([&] { return comm_.allreduce(ts, op); }, "allreduce");
+  }
+  work broadcast(std::span<const tensor_view> ts, int root) {
+    return forward([&] { return comm_.broadcast(ts, root); }, "broadcast");
+  }
+  work allgather(tensor_view in, tensor_view out) {
+    return forward([&] { return comm_.allgather(in, out); }, "allgather");
+  }
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
+    return forward([&] { return comm_.reduce_scatter(in, out, op); }, "reduce_scatter");
+  }
+  work barrier() {
+    return forward([&] { return comm_.barrier(); }, "barrier");
+  }
+  /// Aborts the current quorum's communicator; the next `start_quorum()` forms a new one.
+  void abort() noexcept {
+    if (comm_) comm_.abort();
+    needs_quorum_ = true;
+  }
+
+  // ---- introspection -------------------------------------------------------------------------
+
+  /// Committed steps.
+  [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  [[nodiscard]] const std::vector<std::string>& members() const noexcept { return members_; }
+  /// Members whose gradients count in this step.
+  [[nodiscard]] int participants() const noexcept { return participants_; }
+  [[nodiscard]] bool participating() const noexcept { return participating_; }
+  /// True once an error was captured in this step.
+  [[nodiscard]] bool failed() const {
+    std::lock_guard lk(error_mutex_);
+    return error_ != nullptr;
+  }
+  [[nodiscard]] std::exception_ptr error() const {
+    std::lock_guard lk(error_mutex_);
+    return error_;
+  }
+  [[nodiscard]] const manager_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const manager_options& options() const noexcept { return opts_; }
+
+ private:
+  // A work whose failure is recorded in the Manager instead of thrown: the gradients may be
+  // garbage, but should_commit() will refuse the step on every replica.
+  class captured_work final : public work_state {
+   public:
+    captured_work(work inner, Manager* m, op_info info) : work_state(info), inner_(std::move(inner)), m_(m) {}
+    bool poll() override {
+      try {
+        return inner_.test();
+      } catch (...) {
+        m_->capture(std::current_exception());
+        return true;
+      }
+    }
+    bool wait_until(clock::time_point deadline) override {
+      try {
+        inner_.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
+      } catch (...) {
+        m_->capture(std::current_exception());
+      }
+      return true;
+    }
+
+   private:
+    work inner_;
+    Manager* m_;
+  };
+
+  template <class Issue>
+  work forward(Issue&& issue, const char* name) {
+    if (failed() || !comm_) return work::ready();  // the step is lost anyway: skip, don't block
+    op_info info;
+    info.rank = rank_;
+    info.name = name;
+    info.timeout = std::chrono::hours(24);  // the inner work carries the real deadline
+    try {
+      return work(std::make_unique<captured_work>(issue(), this, info));
+    } catch (...) {
+      capture(std::current_exception());
+      return work::ready();
+    }
+  }
+
+  void capture(std::exception_ptr e) {
+    {
+      std::lock_guard lk(error_mutex_);
+      if (error_) return;
+      error_ = e;
+    }
+    needs_quorum_ = true;
+    // Tell every peer now: their pending collectives on this communicator fail instead of
+    // waiting for their timeout.
+    if (comm_) comm_.abort();
+    emit(manager_event::kind::error, describe_error());
+  }
+
+  std::string describe_error() const {
+    const auto e = error();
+    if (!e) return "no error";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "unknown error";
+    }
+  }
+
+  void emit(manager_event::kind k, std::string text) {
+    if (on_event_) on_event_({k, step_, std::move(text)});
+  }
+
+  static std::int64_t wall_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void heartbeat(bool force) {
+    const auto now = clock::now();
+    if (!force && now - last_heartbeat_ < opts_.heartbeat_interval) return;
+    last_heartbeat_ = now;
+    store_.set("hb/" + opts_.replica_id, as_bytes(std::to_string(wall_ms())));
+  }
+
+  // Rank 0 reads the join counter at most every heartbeat_interval; the vote spreads the news.
+  void poll_join_requests() {
+    if (rank_ != 0 || !comm_) return;
+    const auto now = clock::now();
+    if (now - last_join_poll_ < opts_.heartbeat_interval) return;
+    last_join_poll_ = now;
+    join_requested_ = store_.add("joins", 0) > joins_at_formation_;
+  }
+
+  struct latest_quorum {
+    std::uint64_t generation = 0;
+    std::int64_t joins = 0;
+    std::vector<std::string> members;
+  };
+
+  // "current" = "<generation> <joins counter at formation> <id> <id> ..."
+  latest_quorum read_latest() {
+    latest_quorum q;
+    const auto v = store_.get("current");
+    if (!v) return q;
+    std::istringstream in(to_text(*v));
+    if (!(in >> q.generation >> q.joins)) {
+      throw communication_error(rank_, "Manager", "malformed 'current' record in the store");
+    }
+    for (std::string id; in >> id;) {
+      stores::detail::check_key(id, "Manager 'current' record");
+      q.members.push_back(id);
+    }
+    return q;
+  }
+
+  bool heartbeat_fresh(const std::string& id) {
+    if (id == opts_.replica_id) return true;
+    const auto v = store_.get("hb/" + id);
+    if (!v) return false;
+    const std::string text = to_text(*v);
+    std::int64_t t = 0;
+    for (char c : text) {
+      if (c < '0' || c > '9') return false;  // garbage is not a heartbeat
+      t = t * 10 + (c - '0');
+    }
+    return wall_ms() - t < opts_.heartbeat_timeout.count();
+  }
+
+  void form_quorum() {
+    const auto deadline = clock::now() + opts_.quorum_timeout;
+    std::string last_problem = "no attempt";
+    for (;;) {
+      if (clock::now() >= deadline) {
+        throw manager_error(rank_, "Manager::start_quorum",
+                            "no quorum within " + std::to_string(opts_.quorum_timeout.count()) +
+                                " ms (need at least " + std::to_string(opts_.min_replicas) +
+                                " replicas and a majority of the live previous members); last problem: " + last_problem);
+      }
+      if (comm_) comm_.abort();
+      comm_ = any_communicator();
+      try {
+        if (try_form_quorum(deadline)) return;
+      } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
+        last_problem = e.what();
+      }
+    }
+  }
+
+  // One attempt at the next generation. Returns true once formed (and healed).
+  bool try_form_quorum(clock::time_point deadline) {
+    heartbeat(true);
+    const latest_quorum latest = read_latest();
+    const bool member_of_latest =
+        generation_ == latest.generation &&
+        std::find(latest.members.begin(), latest.members.end(), opts_.replica_id) != latest.members.end();
+    if (!member_of_latest && signalled_after_ != latest.generation + 1) {
+      store_.add("joins", 1);  // ask the running quorum to re-form with this replica
+      signalled_after_ = latest.generation + 1;
+    }
+    int alive = 0;
+    for (const auto& id : latest.members) alive += heartbeat_fresh(id) ? 1 : 0;
+    const auto pending = static_cast<int>(std::max<std::int64_t>(0, store_.add("joins", 0) - latest.joins));
+    stores::group_options g;
+    g.min_members = std::max(opts_.min_replicas, alive / 2 + 1);  // a minority never forms a quorum
+    // Everyone expected arrived: close at once. At a job's start nobody knows how many will
+    // come: wait `settle` after the minimum arrived.
+    g.max_members = latest.members.empty() ? INT_MAX : std::max(g.min_members, alive + pending);
+    g.settle = opts_.settle;
+    // Bounded attempts: a member that died a moment ago still counts as alive until its
+    // heartbeat expires; after that the next attempt asks for a smaller majority.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    g.timeout = std::max(std::chrono::milliseconds(1), std::min(left, opts_.heartbeat_timeout + 4 * opts_.settle));
+    const std::uint64_t target = std::max(generation_, latest.generation) + 1;
+    generation_ = target;  // whatever happens, this generation is used up for us
+    stores::prefix_store<store_ref> gen_store(store_, "g" + std::to_string(target) + "/");
+    const stores::membership m = stores::join_group(gen_store, opts_.replica_id, g);
+    rank_ = m.rank;
+    size_ = m.size();
+    members_ = m.members;
+    if (m.rank == 0) {
+      std::string rec = std::to_string(target) + " " + std::to_string(store_.add("joins", 0));
+      for (const auto& id : m.members) rec += " " + id;
+      store_.set("current", as_bytes(rec));
+    }
+    comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
+    comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
+    exchange_and_heal();
+    // Keys of older generations are garbage now (gloo keys are write-once anyway).
+    if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/");
+    join_requested_ = false;
+    joins_at_formation_ = store_.add("joins", 0);
+    needs_quorum_ = false;
+    ++stats_.quorums;
+    std::string text = "quorum " + std::to_string(target) + " formed: " + std::to_string(m.size()) + " replicas [";
+    for (std::size_t i = 0; i < m.members.size(); ++i) text += (i ? " " : "") + m.members[i];
+    emit(manager_event::kind::quorum, text + "], this replica is rank " + std::to_string(m.rank));
+    return true;
+  }
+
+  [[nodiscard]] std::size_t state_bytes() const {
+    std::size_t n = 0;
+    for (const auto& t : tensors_()) n += t.bytes();
+    return n;
+  }
+
+  [[nodiscard]] std::uint64_t state_hash() const {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](const std::byte* p, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint64_t>(p[i])) * 0x100000001b3ull;
+    };
+    for (const auto& t : tensors_()) mix(t.byte_data(), t.bytes());
+    const auto sc = scalars_();
+    mix(reinterpret_cast<const std::byte*>(sc.data()), sc.size_bytes());
+    mix(reinterpret_cast<const std::byte*>(&step_), sizeof step_);
+    return h;
+  }
+
+  // Members exchange (step, fresh, layout, state size); those behind receive the state.
+  void exchange_and_heal() {
+    constexpr std::size_t words = 4;
+    const auto n = static_cast<std::size_t>(size_);
+    std::vector<std::int64_t> mine{step_, fresh_ ? 1 : 0, static_cast<std::int64_t>(layout_fingerprint_),
+                                   static_cast<std::int64_t>(state_bytes())};
+    std::vector<std::int64_t> all(words * n);
+    comm_.allgather(view(mine), view(all)).wait();
+    for (std::size_t r = 0; r < n; ++r) {
+      if (all[r * words + 2] != all[2] || all[r * words + 3] != all[3]) {
+        throw usage_error(rank_, "Manager quorum " + std::to_string(generation_),
+                          "replica " + members_[r] + " registered a different gradient layout or state size (" +
+                              std::to_string(all[r * words + 3]) + " state bytes) than replica " + members_[0] +
+                              " (" + std::to_string(all[3]) + ")");
+      }
+    }
+    // Up-to-date sources: non-fresh members at the highest step; at a job's start, rank 0.
+    std::int64_t max_step = -1;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (all[r * words + 1] == 0) max_step = std::max(max_step, all[r * words]);
+    }
+    std::vector<int> sources;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (all[r * words + 1] == 0 && all[r * words] == max_step) sources.push_back(static_cast<int>(r));
+    }
+    if (sources.empty()) {
+      sources.push_back(0);
+      max_step = all[0];
+    }
+    const bool i_recover = std::find(sources.begin(), sources.end(), rank_) == sources.end();
+    const bool anyone_recovers = sources.size() < n;
+    participants_ = size_;
+    participating_ = true;
+    if (anyone_recovers) {
+      heal(sources, max_step, i_recover);
+      if (!opts_.healed_replicas_participate) {
+        participants_ = static_cast<int>(sources.size());
+        participating_ = !i_recover;
+      }
+    }
+    fresh_ = false;
+  }
+
+  void heal(const std::vector<int>& sources, std::int64_t max_step, bool receiving) {
+    const auto start = clock::now();
+    std::size_t chunk_index = 0;
+    std::size_t moved = 0;
+    // Chunk k of the concatenated state comes from sources[k % sources]: the sending load is
+    // spread. Up-to-date members receive bytes identical to their own.
+    for (const auto& t : tensors_()) {
+      const std::size_t elem = size_of(t.type);
+      const std::size_t per_chunk = std::max<std::size_t>(1, opts_.heal_chunk_bytes / elem);
+      for (std::size_t off = 0; off < t.count; off += per_chunk) {
+        const tensor_view chunk = t.slice(off, std::min(per_chunk, t.count - off));
+        const int root = sources[chunk_index++ % sources.size()];
+        comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root).wait();
+        moved += chunk.bytes();
+      }
+    }
+    const auto sc = scalars_();
+    std::vector<std::int64_t> scalars(sc.begin(), sc.end());
+    scalars.push_back(max_step);
+    communicator_ref(comm_).broadcast(scalars, sources.front()).wait();
+    std::copy(scalars.begin(), scalars.end() - 1, sc.begin());
+    step_ = scalars.back();
+    // Proof: every member now holds the same state.
+    std::vector<std::int64_t> h{static_cast<std::int64_t>(state_hash())};
+    std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
+    comm_.allgather(view(h), view(all)).wait();
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != h[0]) {
+        throw communication_error(rank_, "Manager healing",
+                                  "replica " + members_[r] + " holds a different state after healing");
+      }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
+    if (receiving) {
+      ++stats_.heals;
+      stats_.healed_bytes += moved;
+      stats_.heal_ms = ms;
+      emit(manager_event::kind::healed, "healed to step " + std::to_string(max_step) + ": received " +
+                                            std::to_string(moved) + " bytes from " + std::to_string(sources.size()) +
+                                            " up-to-date replica(s) in " + std::to_string(ms) + " ms");
+    } else if (rank_ == sources.front()) {
+      emit(manager_event::kind::sent_state, "sent state of step " + std::to_string(max_step) + " to recovering replicas");
+    }
+  }
+
+  store_ref store_;
+  communicator_factory factory_;
+  std::function<std::span<const tensor_view>()> tensors_;
+  std::function<std::span<std::int64_t>()> scalars_;
+  manager_options opts_;
+  std::function<void(const manager_event&)> on_event_;
+
+  std::unique_ptr<stores::prefix_store<store_ref>> comm_store_;  // outlives comm_ (declared first)
+  any_communicator comm_;
+  std::uint64_t generation_ = 0;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::string> members_;
+  std::int64_t step_ = 0;
+  bool fresh_ = true;
+  int participants_ = 1;
+  bool participating_ = true;
+  bool needs_quorum_ = true;
+  std::uint64_t signalled_after_ = 0;  // generation this replica asked to join
+  bool join_requested_ = false;
+  std::int64_t joins_at_formation_ = 0;
+  std::uint64_t layout_fingerprint_ = 0;
+  int consecutive_failures_ = 0;
+  clock::time_point last_heartbeat_{};
+  clock::time_point last_join_poll_{};
+  manager_stats stats_;
+
+  mutable std::mutex error_mutex_;
+  std::exception_ptr error_;
+};
+
+static_assert(communicator<Manager>);
+
+}  // namespace ddp

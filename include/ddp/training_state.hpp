@@ -1,0 +1,63 @@
+#pragma once
+/// @file training_state.hpp
+/// @brief What a replica must receive to rejoin training: the `transferable_state` concept and
+/// `training_state`, a ready-made model of it.
+///
+/// A recovering replica receives, from up-to-date peers, every tensor and scalar of the state
+/// (parameters, buffers, optimizer state, schedule counters) so that afterwards its state is
+/// bit-identical to theirs. Everything registered must therefore be identical on every
+/// up-to-date replica (no per-replica random state, no data-loader position).
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ddp/error.hpp>
+#include <ddp/tensor.hpp>
+
+namespace ddp {
+
+/// Any type that lists its tensors (views into its own memory) and a few int64 scalars.
+template <class S>
+concept transferable_state = requires(S& s) {
+  { s.state_tensors() } -> std::convertible_to<std::span<const tensor_view>>;
+  { s.state_scalars() } -> std::convertible_to<std::span<std::int64_t>>;
+};
+
+/// A list of tensors (any tensor type) and int64 scalars that make up a replica's training state.
+class training_state {
+ public:
+  /// Registers a tensor (parameters, buffers, optimizer moments, ...). Host memory.
+  template <tensor T>
+  training_state& add(T& t) {
+    return add(view(t));
+  }
+  training_state& add(tensor_view v) {
+    if (!v.where.is_host()) {
+      throw usage_error(-1, "training_state::add", "tensor " + std::to_string(tensors_.size()) + " is on " +
+                                                       v.where.str() + "; state transfer needs host memory");
+    }
+    tensors_.push_back(v);
+    return *this;
+  }
+  /// Registers an int64 scalar (an optimizer step count, a schedule position, ...). The value
+  /// lives here; read and write it through `scalar(i)`.
+  std::size_t add_scalar(std::int64_t initial = 0) {
+    scalars_.push_back(initial);
+    return scalars_.size() - 1;
+  }
+  [[nodiscard]] std::int64_t& scalar(std::size_t i) { return scalars_.at(i); }
+
+  [[nodiscard]] std::span<const tensor_view> state_tensors() const noexcept { return tensors_; }
+  [[nodiscard]] std::span<std::int64_t> state_scalars() noexcept { return scalars_; }
+
+ private:
+  std::vector<tensor_view> tensors_;
+  std::vector<std::int64_t> scalars_;
+};
+
+static_assert(transferable_state<training_state>);
+
+}  // namespace ddp

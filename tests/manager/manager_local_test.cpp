@@ -1,0 +1,296 @@
+// Fault-tolerant training over local replicas (threads), with injected crashes, stalls and
+// replacements, as torchft tests its manager. After every run, every live replica holds
+// parameters bit-identical to each other and to a fault-free replay of the committed batches.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
+#include <ddp/local.hpp>
+#include <ddp/manager.hpp>
+#include <ddp/stores/memory_store.hpp>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::size_t dim = 6;
+constexpr double lr = 0.1, beta = 0.9;
+
+// Deterministic batch of replica `id` at step `s`: the gradient of 0.5 |p - target|^2.
+std::vector<double> gradient(const std::string& id, std::int64_t s, const std::vector<double>& p) {
+  std::vector<double> g(dim);
+  const auto h = std::hash<std::string>{}(id) % 97;
+  for (std::size_t k = 0; k < dim; ++k) {
+    const double target = std::sin(static_cast<double>(h) + 0.7 * static_cast<double>(s) + static_cast<double>(k));
+    g[k] = p[k] - target;
+  }
+  return g;
+}
+
+std::vector<double> initial_params(const std::string& id) {
+  std::mt19937_64 rng(std::hash<std::string>{}(id));
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> p(dim);
+  for (auto& x : p) x = u(rng);
+  return p;
+}
+
+struct commit_record {
+  std::int64_t step;
+  std::vector<std::string> participants;
+  bool operator==(const commit_record&) const = default;
+};
+
+enum class fault_point { none, before_collective, during_collective, after_collective, stall };
+
+struct fault {
+  fault_point where = fault_point::none;
+  std::int64_t at_step = -1;
+};
+
+struct replica_result {
+  std::string id;
+  bool crashed = false;
+  std::string error;
+  std::vector<double> params, momentum;
+  std::int64_t step = 0, optimizer_steps = 0;
+  std::vector<commit_record> commits;
+  std::vector<std::string> events;
+  std::map<std::uint64_t, std::vector<std::string>> quorums;  // generation -> members
+};
+
+struct crash {};
+
+struct cluster {
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric;
+  ddp::manager_options base;
+  explicit cluster(std::chrono::milliseconds collective_timeout)
+      : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {
+    base.min_replicas = 2;
+    base.quorum_timeout = 30s;
+    base.heartbeat_interval = 10ms;
+    base.heartbeat_timeout = 400ms;
+    base.settle = 60ms;
+    base.heal_chunk_bytes = 16;  // several chunks even for this small state: exercises spreading
+  }
+
+  // Trains until `steps` commits are done and the quorum has `want_members` members again, so
+  // that a replacement or a stalled replica is not left behind by replicas that already finished.
+  void run_replica(const std::string& id, fault f, std::int64_t steps, int want_members, replica_result& out,
+                   std::chrono::milliseconds stall = 0ms) {
+    out.id = id;
+    std::vector<double> p = initial_params(id), g(dim, 0.0), mom(dim, 0.0);
+    ddp::training_state state;
+    state.add(p).add(mom);
+    const auto opt_steps = state.add_scalar(0);
+    auto opts = base;
+    opts.replica_id = id;
+    ddp::Manager m(
+        store,
+        [this](const ddp::quorum_info& q) {
+          return ddp::any_communicator(fabric.connect("g" + std::to_string(q.generation), q.rank, q.size));
+        },
+        state, opts);
+    m.on_event([&](const ddp::manager_event& e) {
+      out.events.push_back(e.text);
+      if (e.what == ddp::manager_event::kind::quorum) out.quorums[m.generation()] = m.members();
+    });
+    ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+    grads.add(p, g);
+    grads.register_comm_hook(m.gradient_hook());
+    grads.build();
+    m.set_layout_fingerprint(grads.layout_fingerprint());
+    bool fired = false;
+    try {
+      while (m.step() < steps || static_cast<int>(m.members().size()) < want_members) {
+        if (m.step() > steps + 2000) throw std::runtime_error("the quorum never grew back to its expected size");
+        m.start_quorum();
+        std::this_thread::sleep_for(1ms);  // "compute": lets join requests arrive between steps
+        const std::int64_t s = m.step();
+        const bool hit = f.where != fault_point::none && s >= f.at_step && !fired;  // late joiners fire too
+        fired = fired || hit;
+        if (hit && f.where == fault_point::before_collective) throw crash{};
+        const auto fresh_grad = gradient(id, s, p);
+        std::copy(fresh_grad.begin(), fresh_grad.end(), g.begin());  // keep the registered storage
+        if (hit && f.where == fault_point::stall) std::this_thread::sleep_for(stall);
+        grads.mark_ready(0);  // launches the bucket's allreduce through the Manager
+        if (hit && f.where == fault_point::during_collective) throw crash{};
+        grads.finalize();
+        if (hit && f.where == fault_point::after_collective) throw crash{};
+        if (m.should_commit()) {
+          for (std::size_t k = 0; k < dim; ++k) {
+            mom[k] = beta * mom[k] + g[k];
+            p[k] -= lr * mom[k];
+          }
+          ++state.scalar(opt_steps);
+          out.commits.push_back({s, m.members()});
+        }
+      }
+    } catch (const crash&) {
+      out.crashed = true;
+      m.abort();  // the process "dies": its communicator goes away, its heartbeat stops
+    } catch (const std::exception& e) {
+      out.error = e.what();
+    }
+    out.params = p;
+    out.momentum = mom;
+    out.step = m.step();
+    out.optimizer_steps = state.scalar(opt_steps);
+  }
+};
+
+// Replays the committed batches without any fault: the parameters every live replica must hold.
+std::vector<double> replay(const std::vector<commit_record>& commits, const std::string& first_rank0) {
+  std::vector<double> p = initial_params(first_rank0), mom(dim, 0.0);
+  for (const auto& c : commits) {
+    std::vector<double> sum;
+    for (const auto& id : c.participants) {  // rank order, as the local backend reduces
+      const auto g = gradient(id, c.step, p);
+      if (sum.empty()) {
+        sum = g;
+      } else {
+        for (std::size_t k = 0; k < dim; ++k) sum[k] += g[k];
+      }
+    }
+    for (std::size_t k = 0; k < dim; ++k) {
+      const double avg = sum[k] / static_cast<double>(c.participants.size());
+      mom[k] = beta * mom[k] + avg;
+      p[k] -= lr * mom[k];
+    }
+  }
+  return p;
+}
+
+struct scenario_outcome {
+  std::vector<replica_result> results;
+};
+
+// Runs replicas (and replacements that start after `replacement_delay`) to `steps` commits.
+scenario_outcome run_scenario(int replicas, std::int64_t steps, const std::map<int, fault>& faults,
+                              const std::vector<std::string>& replacements, std::chrono::milliseconds stall = 0ms,
+                              std::chrono::milliseconds collective_timeout = 1000ms) {
+  int crashing = 0;
+  for (const auto& [r, f] : faults) crashing += f.where != fault_point::stall ? 1 : 0;
+  const int want = replicas - crashing + static_cast<int>(replacements.size());
+  cluster c(collective_timeout);
+  scenario_outcome out;
+  out.results.resize(static_cast<std::size_t>(replicas) + replacements.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < replicas; ++r) {
+    const fault f = faults.count(r) ? faults.at(r) : fault{};
+    threads.emplace_back([&, r, f] {
+      c.run_replica("r" + std::to_string(r), f, steps, want, out.results[static_cast<std::size_t>(r)], stall);
+    });
+  }
+  for (std::size_t k = 0; k < replacements.size(); ++k) {
+    threads.emplace_back([&, k] {
+      std::this_thread::sleep_for(150ms);
+      c.run_replica(replacements[k], {}, steps, want, out.results[static_cast<std::size_t>(replicas) + k]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// The checks every scenario must pass.
+void check_outcome(const scenario_outcome& o, std::int64_t steps, std::size_t expected_live) {
+  std::vector<const replica_result*> live;
+  const replica_result* longest = nullptr;
+  std::string history;
+  for (const auto& r : o.results) {
+    history += r.id + (r.crashed ? " (crashed)" : "") + ": " + r.error + "\n";
+    for (const auto& e : r.events) history += "    " + e + "\n";
+  }
+  INFO(history);
+  for (const auto& r : o.results) {
+    INFO(r.id << ": " << r.error);
+    REQUIRE(r.error.empty());
+    if (r.crashed) continue;
+    live.push_back(&r);
+    if (!longest || r.commits.size() > longest->commits.size()) longest = &r;
+  }
+  REQUIRE(live.size() == expected_live);
+  // Steps 0..n-1 each committed exactly once, in order, in the longest-lived log (n >= steps: the
+  // survivors keep training until the replacements are in).
+  const auto total = static_cast<std::int64_t>(longest->commits.size());
+  REQUIRE(total >= steps);
+  for (std::int64_t s = 0; s < total; ++s) CHECK(longest->commits[static_cast<std::size_t>(s)].step == s);
+  // No step was applied with different participants on different replicas (crashed ones included).
+  std::map<std::int64_t, commit_record> by_step;
+  for (const auto& r : o.results) {
+    for (const auto& c : r.commits) {
+      auto [it, fresh] = by_step.emplace(c.step, c);
+      CHECK(it->second == c);
+    }
+  }
+  // The first quorum of the job synchronised everyone to its rank 0's initial parameters.
+  std::map<std::uint64_t, std::vector<std::string>> quorums;
+  for (const auto& r : o.results) quorums.insert(r.quorums.begin(), r.quorums.end());
+  REQUIRE_FALSE(quorums.empty());
+  // Bit-identical to each other and to the fault-free replay.
+  const auto want = replay(longest->commits, quorums.begin()->second.front());
+  for (const auto* r : live) {
+    INFO("replica " << r->id);
+    CHECK(r->step == total);
+    CHECK(r->optimizer_steps == live.front()->optimizer_steps);
+    CHECK(r->params == live.front()->params);
+    CHECK(r->momentum == live.front()->momentum);
+    CHECK(r->params == want);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Manager: fault-free training over 3 local replicas", "[local][manager]") {
+  const auto o = run_scenario(3, 6, {}, {});
+  check_outcome(o, 6, 3);
+  for (const auto& r : o.results) CHECK(r.events.size() >= 1);  // each saw at least its first quorum
+}
+
+TEST_CASE("Manager: a replica crashes before, during or after its gradient collective; a replacement heals",
+          "[local][manager][fault]") {
+  std::mt19937 rng(20261122);
+  for (int run = 0; run < 20; ++run) {
+    const auto where = static_cast<fault_point>(1 + run % 3);
+    const int victim = static_cast<int>(rng() % 3);
+    const std::int64_t at = 1 + static_cast<std::int64_t>(rng() % 4);
+    INFO("run " << run << ": replica r" << victim << " crashes at step " << at << ", point "
+                << static_cast<int>(where));
+    const auto o = run_scenario(3, 8, {{victim, {where, at}}}, {"r9"});
+    check_outcome(o, 8, 3);
+    bool healed = false;
+    for (const auto& e : o.results.back().events) healed = healed || e.find("healed to step") != std::string::npos;
+    CHECK(healed);
+  }
+}
+
+TEST_CASE("Manager: two replicas crash in the same step", "[local][manager][fault]") {
+  std::mt19937 rng(7);
+  for (int run = 0; run < 20; ++run) {
+    const std::int64_t at = 1 + static_cast<std::int64_t>(rng() % 4);
+    const auto where = static_cast<fault_point>(1 + rng() % 3);
+    INFO("run " << run << " at step " << at);
+    const auto o = run_scenario(4, 7, {{1, {where, at}}, {3, {where, at}}}, {});
+    check_outcome(o, 7, 2);
+  }
+}
+
+TEST_CASE("Manager: a replica stalls past the collective timeout, then catches up", "[local][manager][fault]") {
+  std::mt19937 rng(11);
+  for (int run = 0; run < 20; ++run) {
+    const int victim = static_cast<int>(rng() % 3);
+    const std::int64_t at = 1 + static_cast<std::int64_t>(rng() % 3);
+    INFO("run " << run << ": r" << victim << " stalls at step " << at);
+    const auto o = run_scenario(3, 6, {{victim, {fault_point::stall, at}}}, {}, 400ms, 200ms);
+    check_outcome(o, 6, 3);
+  }
+}
