@@ -50,6 +50,7 @@ inline constexpr std::size_t default_max_value_bytes = std::size_t{4} << 20;
 /// Longest key, in bytes (keeps file-store names under the usual 255-byte file-name limit).
 inline constexpr std::size_t max_key_bytes = 256;
 
+/// A rendezvous store: see the contract at the top of this file.
 template <class S>
 concept store = requires(S& s, std::string_view key, std::span<const std::byte> value,
                          std::span<const std::string> keys, std::chrono::milliseconds timeout, std::int64_t delta) {
@@ -63,6 +64,7 @@ concept store = requires(S& s, std::string_view key, std::span<const std::byte> 
 /// Non-owning reference to any store. Cheap to copy; the store must outlive the reference.
 class store_ref {
  public:
+  /// Refers to `s`, which must outlive the reference.
   template <store S>
     requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
   store_ref(S& s) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
@@ -71,12 +73,17 @@ class store_ref {
     requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
   store_ref(S&&) = delete;  // would dangle
 
+  /// Replaces the value of `key` atomically.
   void set(std::string_view key, std::span<const std::byte> value) const { vt_->set(obj_, key, value); }
+  /// The value of `key`, or nothing if it is not set. Never blocks.
   [[nodiscard]] std::optional<store_value> get(std::string_view key) const { return vt_->get(obj_, key); }
+  /// Returns once every key is set. @throws timeout_error naming the missing keys
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) const {
     vt_->wait(obj_, keys, timeout);
   }
+  /// Adds `delta` to the counter `key` (created at 0) atomically; returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta) const { return vt_->add(obj_, key, delta); }
+  /// Removes every value and counter whose key starts with `prefix`; returns how many.
   std::size_t erase_prefix(std::string_view prefix) const { return vt_->erase_prefix(obj_, prefix); }
 
  private:

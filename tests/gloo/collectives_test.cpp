@@ -36,10 +36,10 @@ void run_suite(int n, bool large) {
 
 }  // namespace
 
-TEST_CASE("gloo: collective suite, 1 process", "[gloo][suite]") { run_suite(1, false); }
-TEST_CASE("gloo: collective suite, 2 processes", "[gloo][suite]") { run_suite(2, true); }
-TEST_CASE("gloo: collective suite, 3 processes", "[gloo][suite]") { run_suite(3, false); }
-TEST_CASE("gloo: collective suite, 4 processes", "[gloo][suite]") { run_suite(4, false); }
+TEST_CASE("gloo: collective suite over 1 process", "[gloo][suite][np1]") { run_suite(1, false); }
+TEST_CASE("gloo: collective suite over 2 processes", "[gloo][suite][np2]") { run_suite(2, true); }
+TEST_CASE("gloo: collective suite over 3 processes", "[gloo][suite][np3]") { run_suite(3, false); }
+TEST_CASE("gloo: collective suite over 4 processes", "[gloo][suite][np4]") { run_suite(4, false); }
 
 TEST_CASE("gloo: f16/bf16 reduced in their own format when widening is off", "[gloo]") {
   gloo_test::temp_dir dir("gloo-half");

@@ -97,7 +97,9 @@ class communicator {
     engine_ = std::make_shared<detail::engine>(std::move(ctx), opts.timeout, opts.widen_half);
   }
 
+  /// Takes over `other`'s connections; `other` may only be destroyed or assigned to.
   communicator(communicator&&) noexcept = default;
+  /// Shuts this communicator down (as the destructor does), then takes over `other`'s.
   communicator& operator=(communicator&& other) noexcept {
     if (this != &other) {
       if (engine_) engine_->shutdown();
@@ -116,16 +118,20 @@ class communicator {
     if (engine_) engine_->shutdown();
   }
 
+  /// This member's rank in [0, size()).
   [[nodiscard]] int rank() const { return rank_; }
+  /// Number of members.
   [[nodiscard]] int size() const { return size_; }
 
   /// Deadline of each collective issued from now on.
   [[nodiscard]] std::chrono::milliseconds timeout() const { return live("timeout").timeout(); }
+  /// Sets the deadline of each collective issued from now on.
   void set_timeout(std::chrono::milliseconds t) {
     if (t.count() <= 0) throw usage_error(rank_, "set_timeout", "timeout must be positive");
     live("set_timeout").set_timeout(t);
   }
 
+  /// In-place allreduce of `ts` (one call; dtypes may differ; one gloo call per dtype).
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     op_info info = make_info("allreduce", ts);
     info.op = op;
@@ -133,6 +139,7 @@ class communicator {
     return issue(info, [views = std::move(views), op](detail::call_context& c) { detail::run_allreduce(c, views, op); });
   }
 
+  /// In-place broadcast of `ts` from `root` (one byte-wise gloo call for all of them).
   work broadcast(std::span<const tensor_view> ts, int root) {
     op_info info = make_info("broadcast", ts);
     info.root = root;
@@ -145,6 +152,7 @@ class communicator {
                  [views = std::move(views), root](detail::call_context& c) { detail::run_broadcast(c, views, root); });
   }
 
+  /// Rank r's `in` lands at `out[r * in.count]`; `out.count == in.count * size()`.
   work allgather(tensor_view in, tensor_view out) {
     const tensor_view both[] = {in, out};
     op_info info = make_info("allgather", both);
@@ -158,6 +166,8 @@ class communicator {
     return issue(info, [in, out](detail::call_context& c) { detail::run_allgather(c, in, out); });
   }
 
+  /// Rank r gets block r of the reduction of `in`; `in.count == out.count * size()`. `in` is
+  /// left untouched (the reduction runs on a copy).
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     const tensor_view both[] = {in, out};
     op_info info = make_info("reduce_scatter", both);
@@ -172,6 +182,7 @@ class communicator {
     return issue(info, [in, out, op](detail::call_context& c) { detail::run_reduce_scatter(c, in, out, op); });
   }
 
+  /// Completes once every member issued it.
   work barrier() {
     op_info info = make_info("barrier", {});
     return issue(info, [](detail::call_context& c) { detail::run_barrier(c); });

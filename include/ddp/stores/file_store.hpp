@@ -52,6 +52,7 @@ struct file_store_options {
 /// Thread-safe, and safe to use from many processes at once.
 class file_store {
  public:
+  /// Uses (and creates) `directory`. @throws communication_error if it cannot be used
   explicit file_store(std::filesystem::path directory, file_store_options opts = {})
       : dir_(std::move(directory)), opts_(opts) {
     std::error_code ec;
@@ -62,12 +63,14 @@ class file_store {
     }
   }
 
+  /// Replaces the value of `key` atomically (write to a temporary file, rename).
   void set(std::string_view key, std::span<const std::byte> value) {
     detail::check_key(key, "store set");
     detail::check_value_size(key, value.size(), opts_.max_value_bytes);
     write_atomically(path_of('v', key), detail::encode_frame(value), key, "store set");
   }
 
+  /// The value of `key`, or nothing. @throws communication_error for a malformed value
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "store get");
     auto raw = read_file(path_of('v', key), key, opts_.max_value_bytes, "store get");
@@ -75,6 +78,7 @@ class file_store {
     return detail::decode_frame(*raw, key, opts_.max_value_bytes, where());
   }
 
+  /// Returns once every key is set (polls). @throws timeout_error naming the missing keys
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
     for (const auto& k : keys) detail::check_key(k, "store wait");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -95,6 +99,7 @@ class file_store {
     }
   }
 
+  /// Adds `delta` to the counter `key` under its lock; returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta) {
     detail::check_key(key, "store add");
     const std::string op = "store add '" + std::string(key) + "'";
@@ -116,6 +121,7 @@ class file_store {
     return value;
   }
 
+  /// Removes the values and counters under `prefix` (and their lock and temporary files).
   std::size_t erase_prefix(std::string_view prefix) {
     detail::check_key(prefix, "store erase_prefix", /*allow_empty=*/true);
     const std::string enc = encode(prefix);
@@ -134,6 +140,7 @@ class file_store {
     return removed;
   }
 
+  /// The store's directory.
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
 
  private:

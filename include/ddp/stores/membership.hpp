@@ -46,6 +46,7 @@ struct group_options {
 struct membership {
   int rank = -1;                     ///< this member's rank: its index in `members`
   std::vector<std::string> members;  ///< ids, in rank order
+  /// Number of members.
   [[nodiscard]] int size() const noexcept { return static_cast<int>(members.size()); }
 };
 
@@ -82,7 +83,9 @@ inline std::vector<arrival> decode_members(const std::string& text) {
 }  // namespace detail
 
 /// Joins the group forming in `s` (give it a fresh generation's namespace; see prefix_store.hpp).
-/// @param id  this process's name in the group (key characters; need not be unique)
+/// @param s     the namespace the group forms in, shared by every process joining it
+/// @param id    this process's name in the group (key characters; need not be unique)
+/// @param opts  how many members to wait for, and how long
 /// @throws timeout_error if the group did not form in time; communication_error if it formed
 ///         without this process
 template <store S>

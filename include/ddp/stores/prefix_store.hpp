@@ -28,23 +28,31 @@ namespace ddp::stores {
 template <store S>
 class prefix_store {
  public:
+  /// @param inner   the store the keys live in; must outlive this view
   /// @param prefix  key characters; usually ends with '/' so that "a/" never matches "ab/..."
   prefix_store(S& inner, std::string prefix) : inner_(&inner), prefix_(std::move(prefix)) {
     detail::check_key(prefix_, "prefix_store", /*allow_empty=*/true);
   }
 
+  /// Sets `prefix + key`.
   void set(std::string_view key, std::span<const std::byte> value) { inner_->set(full(key), value); }
+  /// Gets `prefix + key`.
   [[nodiscard]] std::optional<store_value> get(std::string_view key) { return inner_->get(full(key)); }
+  /// Waits for `prefix + key` of every key.
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
     std::vector<std::string> full_keys;
     full_keys.reserve(keys.size());
     for (const auto& k : keys) full_keys.push_back(full(k));
     inner_->wait(full_keys, timeout);
   }
+  /// Adds to the counter `prefix + key`.
   std::int64_t add(std::string_view key, std::int64_t delta) { return inner_->add(full(key), delta); }
+  /// Erases under `this prefix + prefix`: `erase_prefix("")` empties this view.
   std::size_t erase_prefix(std::string_view prefix) { return inner_->erase_prefix(prefix_ + std::string(prefix)); }
 
+  /// The prefix of every key.
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  /// The underlying store.
   [[nodiscard]] S& inner() const noexcept { return *inner_; }
 
  private:

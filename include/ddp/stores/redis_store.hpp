@@ -38,11 +38,11 @@ namespace ddp::stores {
 /// Where the Redis server is and how long to wait for it.
 struct redis_options {
   std::string host = "127.0.0.1";  ///< loopback unless an address is given
-  int port = 6379;
-  std::chrono::milliseconds connect_timeout{2000};
+  int port = 6379;                                   ///< server port
+  std::chrono::milliseconds connect_timeout{2000};   ///< one connection attempt
   std::chrono::milliseconds command_timeout{5000};  ///< one command's round trip
   std::chrono::milliseconds poll_interval{5};       ///< longest sleep between checks in `wait`
-  std::size_t max_value_bytes = default_max_value_bytes;
+  std::size_t max_value_bytes = default_max_value_bytes;  ///< larger values are rejected both ways
 };
 
 /// A store on a Redis server. Move-only; thread-safe (one connection, used under a lock).
@@ -55,6 +55,7 @@ class redis_store {
     connect("redis_store");
   }
 
+  /// Replaces the value of `key` (one SET: atomic).
   void set(std::string_view key, std::span<const std::byte> value) {
     detail::check_key(key, "store set");
     detail::check_value_size(key, value.size(), opts_.max_value_bytes);
@@ -65,6 +66,7 @@ class redis_store {
     expect(r, REDIS_REPLY_STATUS, "store set '" + std::string(key) + "'");
   }
 
+  /// The value of `key`, or nothing. @throws communication_error for a malformed value
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "store get");
     const std::string op = "store get '" + std::string(key) + "'";
@@ -80,6 +82,7 @@ class redis_store {
     return detail::decode_frame(std::span<const std::byte>(p, r->len), key, opts_.max_value_bytes, where());
   }
 
+  /// Returns once every key is set (polls EXISTS). @throws timeout_error naming the missing keys
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
     for (const auto& k : keys) detail::check_key(k, "store wait");
     // EXISTS counts every existing argument: one round trip checks all keys, once duplicates
@@ -105,6 +108,7 @@ class redis_store {
     }
   }
 
+  /// Adds `delta` to the counter `key` (INCRBY); returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta) {
     detail::check_key(key, "store add");
     const std::string op = "store add '" + std::string(key) + "'";
@@ -114,6 +118,7 @@ class redis_store {
     return static_cast<std::int64_t>(r->integer);
   }
 
+  /// Removes the values and counters under `prefix` (SCAN + DEL; not atomic as a whole).
   std::size_t erase_prefix(std::string_view prefix) {
     detail::check_key(prefix, "store erase_prefix", /*allow_empty=*/true);
     // Keys are restricted to characters that are not glob syntax, so the pattern needs no escaping.
@@ -139,6 +144,7 @@ class redis_store {
     return removed;
   }
 
+  /// Where the server is and the limits in use.
   [[nodiscard]] const redis_options& options() const noexcept { return opts_; }
 
  private:
