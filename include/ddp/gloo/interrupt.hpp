@@ -18,6 +18,13 @@
 /// address, and each connection has its own local port, so the sockets are found by matching
 /// the local addresses of this process's descriptors (/proc/self/fd). Without /proc, nothing
 /// is found: a blocked collective then ends at its timeout, as plain gloo would.
+///
+/// gloo may close a descriptor while we look at it (a failing pair is closed by its I/O thread).
+/// Reading a closed or reused descriptor is harmless; a shutdown could only hit the wrong
+/// socket if, between matching the address and the shutdown call (a few instructions), gloo
+/// closed it and another thread of the process created a socket that received the same number.
+/// That window is only open while a communicator fails or aborts; a non-socket is refused by
+/// shutdown(2).
 
 #include <dirent.h>
 #include <netinet/in.h>
