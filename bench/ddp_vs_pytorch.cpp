@@ -15,7 +15,8 @@
 // The methods mirror bench/pytorch/ddp_worker.py:
 // - sync: a Bucketer<size_capped> with the defaults (25 MiB buckets, 1 MiB small bucket first)
 //   over every parameter of the shapes file; one iteration marks every gradient ready in reverse
-//   registration order, then finalize(). Interleaved with: the same with zero_copy; PyTorch's
+//   registration order, then finalize(). Interleaved with: the same with zero_copy; the same over
+//   ddp's shared-memory allreduce (shm::mpi::world()), and a flat allreduce through it; PyTorch's
 //   method mirrored (a zero-filling "backward" with and without mark_ready after each gradient);
 //   one allreduce of a flat buffer of the same bytes through ddp::mpi::communicator; one raw
 //   in-place MPI_Allreduce.
@@ -50,6 +51,7 @@
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/ddp.hpp>
 #include <ddp/mpi.hpp>
+#include <ddp/shm/mpi.hpp>
 
 namespace {
 
@@ -347,6 +349,16 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     for (std::size_t i = n; i-- > 0;) in_place.mark_ready(i);
     in_place.finalize();
   };
+  // The same Bucketer and flat allreduce through ddp's shared-memory allreduce (shm::communicator
+  // over the MPI processes): the fastest ddp stack within one node.
+  auto shm = ddp::shm::mpi::world();
+  ddp::Bucketer<ddp::bucketing::size_capped> over_shm(shm);
+  m.register_with(over_shm);
+  over_shm.build();
+  auto step_shm = [&] {
+    for (std::size_t i = n; i-- > 0;) over_shm.mark_ready(i);
+    over_shm.finalize();
+  };
   // The PyTorch method, mirrored: a "backward" that writes every gradient (zeros) in reverse
   // registration order, with and without marking each ready as soon as it is written.
   auto fill = [&](std::size_t i) { std::fill(m.grads[i].begin(), m.grads[i].end(), 0.0f); };
@@ -362,23 +374,29 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   };
   std::vector<float> flat(total_elements(shapes), 0.0f);
   auto ddp_flat = [&] { comm.allreduce(flat, ddp::reduce_op::sum).wait(); };
+  auto shm_flat = [&] { shm.allreduce(flat, ddp::reduce_op::sum).wait(); };
   auto mpi_flat = [&] {
     MPI_Allreduce(MPI_IN_PLACE, flat.data(), static_cast<int>(flat.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   };
   for (int w = 0; w < a.warmup; ++w) {
     timed(step);
     timed(step_in_place);
+    timed(step_shm);
+    timed(shm_flat);
     timed(backward_only);
     timed(backward_synced);
     timed(ddp_flat);
     timed(mpi_flat);
   }
-  std::vector<double> bucketer, marking, waiting, zero_copy, plain_bw, synced_bw, flat_ddp, flat_mpi;
+  std::vector<double> bucketer, marking, waiting, zero_copy, shm_bucketer, flat_shm, plain_bw, synced_bw, flat_ddp,
+      flat_mpi;
   for (int i = 0; i < iters; ++i) {
     bucketer.push_back(timed(step));
     marking.push_back(grads.last_step().backward_ms);
     waiting.push_back(grads.last_step().finalize_wait_ms);
     zero_copy.push_back(timed(step_in_place));
+    shm_bucketer.push_back(timed(step_shm));
+    flat_shm.push_back(timed(shm_flat));
     plain_bw.push_back(timed(backward_only));
     synced_bw.push_back(timed(backward_synced));
     flat_ddp.push_back(timed(ddp_flat));
@@ -388,6 +406,8 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   r.add("ddp_bucketer_marking", marking);
   r.add("ddp_bucketer_finalize", waiting);
   r.add("ddp_bucketer_zero_copy", zero_copy);
+  r.add("ddp_shm_bucketer", shm_bucketer);
+  r.add("ddp_shm_flat_allreduce", flat_shm);
   r.add("ddp_plain_backward", plain_bw);
   r.add("ddp_synced_backward", synced_bw);
   r.add("ddp_flat_allreduce", flat_ddp);
@@ -404,6 +424,8 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
                   {"ddp_bucketer_marking", "of which: first mark_ready to finalize() (copies in, launches)"},
                   {"ddp_bucketer_finalize", "of which: finalize() waiting for the buckets"},
                   {"ddp_bucketer_zero_copy", "bucketer_options{.zero_copy = true}: no copies in or out"},
+                  {"ddp_shm_bucketer", "the Bucketer over shm::mpi::world() (shared-memory allreduce)"},
+                  {"ddp_shm_flat_allreduce", "one allreduce through shm::mpi::world()"},
                   {"ddp_plain_backward", "zero-fill every gradient, reverse order"},
                   {"ddp_synced_backward", "the same, mark_ready after each fill, then finalize()"},
                   {"ddp_flat_allreduce", "one allreduce through ddp::mpi::communicator"},

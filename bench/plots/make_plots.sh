@@ -27,12 +27,14 @@ trap 'rm -rf "$tmp"' EXIT
 
 if [ -n "$compare" ]; then
   # One line per model: pytorch_ddp ddp_bucketer ddp_zero_copy pytorch_flat ddp_flat (ms).
+  # Columns: model, then the median ms of each bar (see ddp_vs_pytorch.gp); "?" when missing.
   awk -F, 'NR > 1 && $1 == "sync" {
       key = $3 "/" $4; v[$2, key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
     function val(m, k) { return ((m, k) in v && v[m, k] != "") ? v[m, k] : "?" }
     END { for (i = 1; i <= n; i++) { m = order[i];
-      printf "%s %s %s %s %s %s\n", m, val(m, "pytorch/ddp_sync (ddp - plain backward)"), val(m, "ddp/bucketer"),
-             val(m, "ddp/bucketer_zero_copy"), val(m, "pytorch/flat_allreduce"), val(m, "ddp/flat_allreduce") } }' \
+      printf "%s %s %s %s %s %s %s %s\n", m, val(m, "pytorch/DDP sync (DDP - plain backward)"),
+             val(m, "ddp/Bucketer (MPI)"), val(m, "ddp/Bucketer zero-copy (MPI)"), val(m, "ddp/Bucketer over shm (MPI procs)"),
+             val(m, "pytorch/flat allreduce (gloo)"), val(m, "ddp/flat allreduce (ddp::mpi)"), val(m, "ddp/flat allreduce (ddp shm)") } }' \
     "$compare" > "$tmp/sync.dat"
   gnuplot -e "datafile='$tmp/sync.dat'; outfile='$out/ddp_vs_pytorch.png'; subtitle='$subtitle'" "$here/ddp_vs_pytorch.gp"
   echo "wrote $out/ddp_vs_pytorch.png"

@@ -8,12 +8,14 @@ shared machine hit both stacks alike. Every sample is the slowest rank's time of
 At the end it prints the tables (medians over all rounds, ratios ddp / PyTorch) and, with
 --csv, writes the same numbers as CSV. Needs no torch itself (it only starts the worker).
 
-Derived figures (docs/benchmarks.md):
-  PyTorch DDP sync   median over iterations of (DDP backward - plain backward); the two run
-                     back to back in each iteration, so the difference pairs like conditions
-  join overhead      median over blocks of (per-iteration time with join - without)
-  buffer sync        PyTorch: median of (forward with broadcast_buffers - without);
-                     ddp: median time of BufferReducer::sync()
+Derived figures (docs/benchmarks.md): differences are taken iteration by iteration (the two
+measurements run back to back), then summarised by their median and their minimum ("best": the
+least-disturbed iteration, which matters on a shared machine).
+  PyTorch DDP sync   DDP backward - plain backward
+  ddp matched        Bucketer-synced zero-fill backward - plain zero-fill backward
+  join overhead      per-iteration time with join - without (per block)
+  buffer sync        PyTorch: forward with broadcast_buffers - without;
+                     ddp: the time of BufferReducer::sync()
 """
 
 import argparse
@@ -39,6 +41,15 @@ def median(v):
 def paired(a, b):
     """Median of element-wise differences a[i] - b[i]."""
     return median([x - y for x, y in zip(a, b)])
+
+
+def best(v):
+    return min(v) if v else float("nan")
+
+
+def paired_best(a, b):
+    """Smallest element-wise difference a[i] - b[i]: the least-disturbed iteration."""
+    return best([x - y for x, y in zip(a, b)])
 
 
 def fmt(v, digits=2):
@@ -103,54 +114,70 @@ class Runner:
         return self.samples.get((case, model, name), [])
 
 
+NAN = float("nan")
+
+
+class Stat:
+    """A measured figure: median and best (minimum) over iterations, and the sample count."""
+
+    def __init__(self, samples=None, minus=None):
+        samples = samples or []
+        if minus is not None:  # paired difference, iteration by iteration
+            samples = [x - y for x, y in zip(samples, minus)]
+        self.median, self.best, self.n = median(samples), best(samples), len(samples)
+
+
 def build_tables(r, models, cases):
-    """Rows of (table, model, stack, measured, median_ms, ratio, n, note)."""
+    """Rows: dict(table, model, stack, measured, stat, ref, note); ref = the PyTorch Stat compared with."""
     rows = []
+
+    def row(table, model, stack, measured, stat, note="", ref=None):
+        rows.append(dict(table=table, model=model, stack=stack, measured=measured, stat=stat, ref=ref, note=note))
+
     if "sync" in cases:
         for m in models:
             g = lambda n: r.get("sync", m, n)
-            pt_plain, pt_ddp, pt_flat = g("pytorch_plain_backward"), g("pytorch_ddp_backward"), g("pytorch_flat_allreduce")
-            dd, df, mf = g("ddp_bucketer"), g("ddp_flat_allreduce"), g("mpi_flat_allreduce")
-            dd_matched = paired(g("ddp_synced_backward"), g("ddp_plain_backward"))
             info = r.info.get(("sync", m), {})
-            pt_sync = paired(pt_ddp, pt_plain)
-            note_b = "%s buckets" % info.get("buckets", "?")
-            rows += [
-                ("sync", m, "pytorch", "ddp_sync (ddp - plain backward)", pt_sync, float("nan"), len(pt_ddp), "gloo, bucket_cap_mb=25"),
-                ("sync", m, "pytorch", "ddp_backward", median(pt_ddp), float("nan"), len(pt_ddp), ""),
-                ("sync", m, "pytorch", "plain_backward", median(pt_plain), float("nan"), len(pt_plain), ""),
-                ("sync", m, "pytorch", "flat_allreduce", median(pt_flat), float("nan"), len(pt_flat), "one dist.all_reduce, gloo"),
-                ("sync", m, "ddp", "bucketer", median(dd), ratio(median(dd), pt_sync), len(dd), note_b + ", size_capped defaults, MPI"),
-                ("sync", m, "ddp", "bucketer_zero_copy", median(g("ddp_bucketer_zero_copy")), ratio(median(g("ddp_bucketer_zero_copy")), pt_sync), len(g("ddp_bucketer_zero_copy")), "zero_copy = true (gradient_as_bucket_view)"),
-                ("sync", m, "ddp", "bucketer_backward_matched", dd_matched, ratio(dd_matched, pt_sync), len(g("ddp_synced_backward")), "synced - plain zero-fill backward (PyTorch's method)"),
-                ("sync", m, "ddp", "flat_allreduce", median(df), ratio(median(df), median(pt_flat)), len(df), "ddp::mpi::communicator"),
-                ("sync", m, "mpi", "flat_allreduce", median(mf), ratio(median(mf), median(pt_flat)), len(mf), "raw MPI_Allreduce"),
-            ]
+            pt_sync = Stat(g("pytorch_ddp_backward"), g("pytorch_plain_backward"))
+            pt_flat = Stat(g("pytorch_flat_allreduce"))
+            row("sync", m, "pytorch", "DDP sync (DDP - plain backward)", pt_sync, "gloo, bucket_cap_mb=25")
+            row("sync", m, "pytorch", "DDP backward", Stat(g("pytorch_ddp_backward")))
+            row("sync", m, "pytorch", "plain backward", Stat(g("pytorch_plain_backward")))
+            row("sync", m, "pytorch", "flat allreduce (gloo)", pt_flat, "one dist.all_reduce")
+            row("sync", m, "ddp", "Bucketer (MPI)", Stat(g("ddp_bucketer")),
+                "%s buckets, size_capped defaults" % info.get("buckets", "?"), pt_sync)
+            row("sync", m, "ddp", "Bucketer, matched method (MPI)", Stat(g("ddp_synced_backward"), g("ddp_plain_backward")),
+                "synced - plain zero-fill backward", pt_sync)
+            row("sync", m, "ddp", "Bucketer zero-copy (MPI)", Stat(g("ddp_bucketer_zero_copy")), "gradient_as_bucket_view", pt_sync)
+            row("sync", m, "ddp", "Bucketer over shm (MPI procs)", Stat(g("ddp_shm_bucketer")), "shm::mpi::world()", pt_sync)
+            row("sync", m, "ddp", "flat allreduce (ddp::mpi)", Stat(g("ddp_flat_allreduce")), "ddp ring", pt_flat)
+            row("sync", m, "ddp", "flat allreduce (ddp shm)", Stat(g("ddp_shm_flat_allreduce")), "shared memory", pt_flat)
+            row("sync", m, "mpi", "flat allreduce (MPI_Allreduce)", Stat(g("mpi_flat_allreduce")), "Open MPI, in place", pt_flat)
     if "join" in cases:
         g = lambda n: r.get("join", "small", n)
-        pt_over = paired(g("pytorch_step_join"), g("pytorch_step_bare"))
-        dd_over = paired(g("ddp_step_join"), g("ddp_step_bare"))
-        rows += [
-            ("join", "small", "pytorch", "step_bare", median(g("pytorch_step_bare")), float("nan"), len(g("pytorch_step_bare")), "per iteration"),
-            ("join", "small", "pytorch", "step_join", median(g("pytorch_step_join")), float("nan"), len(g("pytorch_step_join")), "inside Join([ddp])"),
-            ("join", "small", "pytorch", "join_overhead", pt_over, float("nan"), len(g("pytorch_step_join")), "per iteration"),
-            ("join", "small", "pytorch", "join_exit", median(g("pytorch_join_exit")), float("nan"), len(g("pytorch_join_exit")), "Join.__exit__"),
-            ("join", "small", "ddp", "step_bare", median(g("ddp_step_bare")), float("nan"), len(g("ddp_step_bare")), "per iteration"),
-            ("join", "small", "ddp", "step_join", median(g("ddp_step_join")), float("nan"), len(g("ddp_step_join")), "notify() each iteration"),
-            ("join", "small", "ddp", "join_overhead", dd_over, ratio(dd_over, pt_over), len(g("ddp_step_join")), "per iteration"),
-            ("join", "small", "ddp", "join_finish", median(g("ddp_join_finish")), ratio(median(g("ddp_join_finish")), median(g("pytorch_join_exit"))), len(g("ddp_join_finish")), "JoinContext::finish()"),
-        ]
+        pt_over = Stat(g("pytorch_step_join"), g("pytorch_step_bare"))
+        pt_exit = Stat(g("pytorch_join_exit"))
+        row("join", "small", "pytorch", "step, no join", Stat(g("pytorch_step_bare")), "per iteration")
+        row("join", "small", "pytorch", "step inside Join", Stat(g("pytorch_step_join")), "per iteration")
+        row("join", "small", "pytorch", "join overhead", pt_over, "per iteration")
+        row("join", "small", "pytorch", "Join exit", pt_exit, "once")
+        row("join", "small", "ddp", "step, no join", Stat(g("ddp_step_bare")), "per iteration")
+        row("join", "small", "ddp", "step with notify()", Stat(g("ddp_step_join")), "per iteration")
+        row("join", "small", "ddp", "join overhead", Stat(g("ddp_step_join"), g("ddp_step_bare")), "per iteration", pt_over)
+        row("join", "small", "ddp", "JoinContext::finish()", Stat(g("ddp_join_finish")), "once", pt_exit)
     if "buffers" in cases:
         m = models[0]
         g = lambda n: r.get("buffers", m, n)
-        pt = paired(g("pytorch_forward_broadcast_buffers"), g("pytorch_forward_no_buffers"))
         info = r.info.get(("buffers", m), {})
-        note = "%s buffers" % info.get("buffers", "?")
-        rows += [
-            ("buffers", m, "pytorch", "broadcast_buffers", pt, float("nan"), len(g("pytorch_forward_broadcast_buffers")), note + ", forward(True) - forward(False)"),
-            ("buffers", m, "ddp", "buffer_reducer_copy", median(g("ddp_buffers_broadcast_copy")), ratio(median(g("ddp_buffers_broadcast_copy")), pt), len(g("ddp_buffers_broadcast_copy")), note + ", trainer-owned"),
-            ("buffers", m, "ddp", "buffer_reducer_view", median(g("ddp_buffers_broadcast_view")), ratio(median(g("ddp_buffers_broadcast_view")), pt), len(g("ddp_buffers_broadcast_view")), note + ", emplaced"),
-        ]
+        note = "%s buffers, %s bytes" % (info.get("buffers", "?"), info.get("bytes", "?"))
+        pt = Stat(g("pytorch_forward_broadcast_buffers"), g("pytorch_forward_no_buffers"))
+        row("buffers", m, "pytorch", "broadcast_buffers=True", pt, note + "; forward(True) - forward(False)")
+        row("buffers", m, "ddp", "BufferReducer, trainer-owned", Stat(g("ddp_buffers_broadcast_copy")), note, pt)
+        row("buffers", m, "ddp", "BufferReducer, emplaced", Stat(g("ddp_buffers_broadcast_view")), note, pt)
+    for x in rows:
+        ref = x["ref"]
+        x["ratio"] = ratio(x["stat"].median, ref.median) if ref else NAN
+        x["ratio_best"] = ratio(x["stat"].best, ref.best) if ref else NAN
     return rows
 
 
@@ -158,31 +185,35 @@ def print_tables(rows, header_lines):
     for line in header_lines:
         print(line)
     titles = {
-        "sync": "Gradient synchronisation per step (ms, median; ratio = ddp / PyTorch)",
-        "join": "Join: per-iteration cost (ms, median; small model, 65,792 floats)",
-        "buffers": "Buffer sync per step (ms, median)",
+        "sync": "Gradient synchronisation per step (ms; ratio = ddp / PyTorch DDP sync, or / PyTorch flat for flat rows)",
+        "join": "Join: per-iteration cost (ms; small model, 65,792 floats)",
+        "buffers": "Buffer sync per step (ms)",
     }
     for table in ("sync", "join", "buffers"):
-        sel = [r for r in rows if r[0] == table]
+        sel = [x for x in rows if x["table"] == table]
         if not sel:
             continue
         print("\n" + titles[table])
-        cells = [("model", "stack", "measured", "median_ms", "ratio", "n", "note")]
-        cells += [(r[1], r[2], r[3], fmt(r[4], 3), fmt(r[5], 2) if r[5] == r[5] else "", str(r[6]), r[7]) for r in sel]
+        cells = [("model", "stack", "measured", "median", "best", "ratio", "ratio(best)", "n", "note")]
+        for x in sel:
+            st = x["stat"]
+            cells.append((x["model"], x["stack"], x["measured"], fmt(st.median, 3), fmt(st.best, 3),
+                          fmt(x["ratio"]) if x["ref"] else "", fmt(x["ratio_best"]) if x["ref"] else "", str(st.n), x["note"]))
         widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
         for k, c in enumerate(cells):
-            print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
+            print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
             if k == 0:
                 print("  ".join("-" * w for w in widths))
 
 
 def headline(rows):
     out = []
-    for r in rows:
-        if r[0] == "sync" and r[2] == "ddp" and r[3] == "bucketer":
-            pt = [x for x in rows if x[0] == "sync" and x[1] == r[1] and x[2] == "pytorch" and x[3].startswith("ddp_sync")][0]
-            verdict = "faster" if r[5] == r[5] and r[5] < 1 else "NOT faster"
-            out.append("%s: ddp Bucketer %s ms vs PyTorch DDP %s ms -> ratio %s (ddp %s)" % (r[1], fmt(r[4]), fmt(pt[4]), fmt(r[5]), verdict))
+    for x in rows:
+        if x["table"] == "sync" and x["stack"] == "ddp" and x["measured"] in ("Bucketer (MPI)", "Bucketer over shm (MPI procs)"):
+            verdict = "faster" if x["ratio"] == x["ratio"] and x["ratio"] < 1 else "NOT faster"
+            out.append("%s: ddp %s %s ms vs PyTorch DDP %s ms: ratio %s (best-iteration ratio %s): ddp %s"
+                       % (x["model"], x["measured"], fmt(x["stat"].median), fmt(x["ref"].median), fmt(x["ratio"]),
+                          fmt(x["ratio_best"]), verdict))
     return out
 
 
@@ -293,9 +324,12 @@ def main(argv=None):
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["table", "model", "stack", "measured", "median_ms", "ratio_ddp_over_pytorch", "n", "note"])
-            for row in rows:
-                w.writerow([row[0], row[1], row[2], row[3], "%.4f" % row[4], "" if row[5] != row[5] else "%.4f" % row[5], row[6], row[7]])
+            w.writerow(["table", "model", "stack", "measured", "median_ms", "best_ms", "ratio", "ratio_best", "n", "note"])
+            num = lambda v: "" if v != v else "%.4f" % v
+            for x in rows:
+                st = x["stat"]
+                w.writerow([x["table"], x["model"], x["stack"], x["measured"], num(st.median), num(st.best),
+                            num(x["ratio"]), num(x["ratio_best"]), st.n, x["note"]])
         print("csv: %s" % args.csv)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -99,9 +99,15 @@ def case_sync(torch, dist, args):
     total = sum(numel(d) for _, d in shapes)
     flat = torch.zeros(total)
 
+    for p in params:
+        p.grad = torch.zeros_like(p)
+
     def step(model):
-        for p in params:
-            p.grad = None
+        for p in params:  # untimed: gradients stay allocated, as in a training loop with zero_grad()
+            if args.grads == "none":
+                p.grad = None
+            else:
+                p.grad.zero_()
         dist.barrier()
         t0 = time.perf_counter()
         model(x).backward()
@@ -268,6 +274,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=10, help="join: blocks of each kind")
     p.add_argument("--world", type=int, default=2)
+    p.add_argument("--grads", choices=("zero", "none"), default="zero",
+                   help="sync: before each step, zero the gradients in place (default) or set them to None")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
     p.add_argument("--out", required=True, help="JSON result file")
     args = p.parse_args(argv)
