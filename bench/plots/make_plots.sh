@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Renders the benchmark plots (PNG) from the benchmarks' CSV files.
 #
-#   bench/plots/make_plots.sh --compare compare.csv --sweep sweep.csv --busbw busbw.csv \
+#   bench/plots/make_plots.sh --compare compare.csv --sweep sweep.csv \
+#                             (--allreduce-bench allreduce.csv | --busbw busbw.csv) \
 #                             [--out docs/img] [--subtitle "2 cores, load 2.1, 2026-11-22"]
 #
-# compare.csv: bench/compare_pytorch.sh --csv;  sweep.csv / busbw.csv: ddp_vs_pytorch sweep|busbw --csv.
-# Any of the three may be left out. Needs gnuplot with the pngcairo terminal.
+# compare.csv: bench/compare_pytorch.sh --csv;  sweep.csv / busbw.csv: ddp_vs_pytorch sweep|busbw --csv;
+# allreduce.csv: bench/allreduce_bench --csv (2 ranks), preferred for the bandwidth plot.
+# Any input may be left out. Needs gnuplot with the pngcairo terminal.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out="$here/../../docs/img"
-compare="" sweep="" busbw="" subtitle=""
+compare="" sweep="" busbw="" allreduce="" subtitle=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --compare) compare=$2; shift 2 ;;
     --sweep) sweep=$2; shift 2 ;;
     --busbw) busbw=$2; shift 2 ;;
+    --allreduce-bench) allreduce=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --subtitle) subtitle=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -43,7 +46,15 @@ if [ -n "$sweep" ]; then
   gnuplot -e "datafile='$sweep'; outfile='$out/bucket_sweep.png'; subtitle='$subtitle'" "$here/bucket_sweep.gp"
   echo "wrote $out/bucket_sweep.png"
 fi
-if [ -n "$busbw" ]; then
-  gnuplot -e "datafile='$busbw'; outfile='$out/busbw.png'; subtitle='$subtitle'" "$here/busbw.gp"
+if [ -n "$allreduce" ]; then
+  # allreduce_bench columns: bytes,size,ddp path,iters,raw us,raw-nb us,ddp us,ddp/raw,ddp-raw us,raw GB/s,ddp GB/s
+  # -> bytes,ddp us,ddp busbw,raw us,raw busbw,-,raw-nb busbw (2 ranks: busbw = bytes / time).
+  awk -F, 'NR == 1 { print "bytes,ddp_us,ddp_busbw,mpi_us,mpi_busbw,reps,mpi_nb_busbw"; next }
+           { printf "%s,%s,%.6f,%s,%.6f,%s,%.6f\n", $1, $7, $1 / $7 / 1e3, $5, $1 / $5 / 1e3, $4, $1 / $6 / 1e3 }' \
+    "$allreduce" > "$tmp/busbw.csv"
+  gnuplot -e "datafile='$tmp/busbw.csv'; outfile='$out/busbw.png'; subtitle='$subtitle'; has_nb=1" "$here/busbw.gp"
+  echo "wrote $out/busbw.png (from allreduce_bench)"
+elif [ -n "$busbw" ]; then
+  gnuplot -e "datafile='$busbw'; outfile='$out/busbw.png'; subtitle='$subtitle'; has_nb=0" "$here/busbw.gp"
   echo "wrote $out/busbw.png"
 fi
