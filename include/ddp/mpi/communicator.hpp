@@ -203,6 +203,9 @@ class communicator {
 
   /// Local: pending work of this communicator fails with `communication_error`, later calls
   /// throw `usage_error`. Peers are not told (they time out); MPI_Abort is never called.
+  /// MPI cannot cancel a collective, so the failing work first lets MPI finish with its buffers:
+  /// at most until abort time + timeout, for all pending work together, after which whatever
+  /// MPI may still write is leaked (see work.hpp).
   void abort() noexcept {
     if (state_) state_->abort();
   }
