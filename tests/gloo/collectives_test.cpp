@@ -54,3 +54,32 @@ TEST_CASE("gloo: f16/bf16 reduced in their own format when widening is off", "[g
   INFO(gloo_test::describe_all(outs));
   for (const auto& o : outs) CHECK(o.ok());
 }
+
+TEST_CASE("gloo: reduce_scatter (ddp's ring) for every op and dtype, input untouched", "[gloo][reduce_scatter]") {
+  gloo_test::temp_dir dir("gloo-rs");
+  process_group g(3, [&](int rank, const reporter&) {
+    ddp::stores::file_store store(dir.path());
+    auto ns = ddp::stores::generation_store(store, "rs", 0);
+    ddp::gloo::communicator comm(ns, rank, 3, {.timeout = 10s, .connect_timeout = 10s});
+    for (ddp::dtype t : suite::all_dtypes()) {
+      for (ddp::reduce_op op : suite::all_ops()) {
+        for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 18}) {
+          suite::buffer in(t, n * 3), out(t, n);
+          for (std::size_t i = 0; i < in.count(); ++i) in.set(i, suite::value(rank, i));
+          const auto before = in.bytes;
+          comm.reduce_scatter(in.view(), out.view(), op).wait();
+          const std::string where = "reduce_scatter " + std::string(ddp::name_of(op)) + " " +
+                                    std::string(ddp::name_of(t)) + " n=" + std::to_string(n);
+          CHILD_CHECK(in.bytes == before, where << ": input modified");
+          for (std::size_t i = 0; i < n; i += (n > 1000 ? 997 : 1)) {
+            suite::expect_close(out.get(i), suite::expected_reduction(op, t, 3, static_cast<std::size_t>(rank) * n + i),
+                                t, where + " i=" + std::to_string(i));
+          }
+        }
+      }
+    }
+  });
+  const auto outs = g.wait_all(50s);
+  INFO(gloo_test::describe_all(outs));
+  for (const auto& o : outs) CHECK(o.ok());
+}

@@ -226,6 +226,38 @@ TEST_CASE("gloo: abort fails pending work at once, here and on the peer", "[gloo
   CHECK(peer < 1000);
 }
 
+TEST_CASE("gloo: abort wakes ddp's own ring (reduce_scatter) too", "[gloo][abort]") {
+  temp_dir dir("gloo-abort-rs");
+  process_group g(2, [&](int rank, const reporter& rep) {
+    st::file_store store(dir.path());
+    auto ns = st::generation_store(store, "abortrs", 0);
+    ddp::gloo::communicator comm(ns, rank, 2, {.timeout = 10s, .connect_timeout = 10s});
+    if (rank == 0) {
+      std::vector<float> in(2000, 1.0f), out(1000);
+      auto w = comm.reduce_scatter(ddp::view(in), ddp::view(out), ddp::reduce_op::sum);  // the peer never joins
+      std::this_thread::sleep_for(200ms);
+      const auto t0 = std::chrono::steady_clock::now();
+      comm.abort();
+      try {
+        w.wait();
+        CHILD_CHECK(false, "reduce_scatter completed after abort");
+      } catch (const ddp::communication_error& e) {
+        CHILD_CHECK(std::string(e.what()).find("aborted") != std::string::npos, e.what());
+      }
+      rep.set("ms", std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::steady_clock::now() - t0)
+                                       .count()));
+    } else {
+      std::this_thread::sleep_for(1s);
+    }
+  });
+  const auto outs = g.wait_all(30s);
+  INFO(gloo_test::describe_all(outs));
+  REQUIRE(outs[0].ok());
+  REQUIRE(outs[1].ok());
+  CHECK(std::stoi(outs[0].value("ms")) < 1000);
+}
+
 TEST_CASE("gloo: dropping a pending work handle aborts the communicator", "[gloo][abort]") {
   temp_dir dir("gloo-drop");
   process_group g(2, [&](int rank, const reporter&) {

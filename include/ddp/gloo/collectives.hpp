@@ -10,8 +10,7 @@
 ///   `widen_half` is off. `avg` is a sum divided afterwards (integers truncate toward zero).
 /// - broadcast: one byte-wise gloo broadcast of all tensors packed together.
 /// - allgather: gloo's allgather, byte-wise.
-/// - reduce_scatter: an allreduce of a copy of the input, of which each rank keeps its block.
-///   Twice the bytes of a ring reduce-scatter; correct for every dtype and op.
+/// - reduce_scatter: ddp's own ring over gloo's transport (below), on a copy of the input.
 /// - barrier: gloo's barrier.
 /// Every gloo call gets its own tag (slot), so a rank one call ahead or behind cannot have its
 /// data taken for another call's: it times out instead.
@@ -31,9 +30,11 @@
 #include <gloo/broadcast.h>
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
+#include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/tensor.hpp>
 
@@ -95,6 +96,8 @@ class registered_buffer {
 
   /// Hands the buffer to gloo (once).
   std::unique_ptr<::gloo::transport::UnboundBuffer> give() { return std::move(buffer_); }
+  /// The buffer, for sends and receives of our own (before or instead of give()).
+  ::gloo::transport::UnboundBuffer& get() noexcept { return *raw_; }
 
  private:
   buffer_registry* registry_;
@@ -222,14 +225,43 @@ inline void run_allgather(call_context& c, tensor_view in, tensor_view out) {
   ::gloo::allgather(o);
 }
 
+/// gloo slot prefix of ddp's own ring below (gloo's collectives use 0x01 .. 0x08).
+inline constexpr std::uint8_t reduce_scatter_slot_prefix = 0x40;
+
+/// Ring reduce-scatter on gloo's transport (gloo has no such collective for arbitrary types and
+/// functions): n - 1 steps, each sending one block to the right neighbour and reducing the block
+/// received from the left one into a copy of the input; rank r ends with block r fully reduced.
+/// Unlike gloo's own collectives it checks what its waits return, so an interrupt ends it.
 inline void run_reduce_scatter(call_context& c, tensor_view in, tensor_view out, reduce_op op) {
   if (out.count == 0) return;
+  const int n = c.ctx->size;
+  const int r = c.ctx->rank;
   const dtype wire = wire_type(in.type, c.widen_half);
-  std::vector<std::byte> staging(in.count * size_of(wire));
-  ddp::detail::convert(in.type, in.data, wire, staging.data(), in.count);
-  allreduce_contiguous(c, staging.data(), in.count, wire, op);
-  const std::size_t block = static_cast<std::size_t>(c.ctx->rank) * out.count * size_of(wire);
-  ddp::detail::convert(wire, staging.data() + block, out.type, out.data, out.count);
+  const std::size_t block = out.count * size_of(wire);
+  std::vector<std::byte> acc(in.count * size_of(wire));  // in is left untouched
+  ddp::detail::convert(in.type, in.data, wire, acc.data(), in.count);
+  if (n > 1) {
+    std::vector<std::byte> incoming(block);
+    registered_buffer sending(c, acc.data(), acc.size());
+    registered_buffer receiving(c, incoming.data(), incoming.size());
+    const auto slot = ::gloo::Slot::build(reduce_scatter_slot_prefix, c.tag());
+    const int right = (r + 1) % n;
+    const int left = (r + n - 1) % n;
+    for (int step = 0; step < n - 1; ++step) {
+      // Block sent at step s + 1 is the one reduced at step s; rank r finishes with block r.
+      const auto send_block = static_cast<std::size_t>((r - step - 1 + 2 * n) % n);
+      const auto recv_block = static_cast<std::size_t>((r - step - 2 + 2 * n) % n);
+      sending.get().send(right, slot, send_block * block, block);
+      receiving.get().recv(left, slot, 0, block);
+      if (!receiving.get().waitRecv(c.timeout) || !sending.get().waitSend(c.timeout)) {
+        throw communication_error(r, "reduce_scatter", "interrupted");  // replaced by the engine's reason
+      }
+      ddp::detail::reduce_into(wire, op, acc.data() + recv_block * block, incoming.data(), out.count);
+    }
+  }
+  std::byte* mine = acc.data() + static_cast<std::size_t>(r) * block;
+  if (op == reduce_op::avg) ddp::detail::divide_in_place(wire, mine, out.count, n);
+  ddp::detail::convert(wire, mine, out.type, out.data, out.count);
 }
 
 inline void run_barrier(call_context& c) {
