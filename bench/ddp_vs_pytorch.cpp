@@ -5,6 +5,7 @@
 //   mpiexec -n 2 ddp_vs_pytorch join    [--iters 200] [--rounds 10]
 //   mpiexec -n 2 ddp_vs_pytorch buffers --shapes resnet50.txt [--iters 200]
 //   mpiexec -n 2 ddp_vs_pytorch sweep   --shapes resnet50.txt [--caps 1,2,5,10,25,50,100]
+//   mpiexec -n 2 ddp_vs_pytorch breakdown --shapes resnet50.txt [--iters 15]
 //   mpiexec -n 2 ddp_vs_pytorch busbw   [--max-bytes 268435456]
 //
 // Every mode prints a table on rank 0; `--csv FILE` writes the same numbers as CSV, and
@@ -26,6 +27,9 @@
 //   the shapes file (1-D "*.weight" parameters), copy path (trainer-owned vectors) and view path
 //   (emplaced): the time of one sync().
 // - sweep: one Bucketer per cap (small bucket 1 MiB, first), interleaved per iteration.
+// - breakdown: where a Bucketer step's time goes: the flat allreduce, the layout's allreduces
+//   alone, the Bucketer zero-copy with a hook that does not divide, with the default hook, with
+//   copies; one memcpy and one division of all gradient bytes for scale.
 // - busbw: allreduce of 4 B .. --max-bytes, ddp::mpi::communicator vs MPI_Allreduce; bus
 //   bandwidth = bytes * 2 (n - 1) / n / time.
 #include <mpi.h>
@@ -36,8 +40,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -74,7 +80,7 @@ struct arguments {
 
 [[noreturn]] void usage(const std::string& why) {
   throw std::invalid_argument(why +
-                              "\nusage: ddp_vs_pytorch sync|join|buffers|sweep|busbw [--shapes FILE] [--model NAME] "
+                              "\nusage: ddp_vs_pytorch sync|join|buffers|sweep|breakdown|busbw [--shapes FILE] [--model NAME] "
                               "[--iters N] [--warmup N] [--rounds N] [--caps MiB,MiB,...] [--max-bytes N] "
                               "[--csv FILE] [--json FILE]");
 }
@@ -562,6 +568,78 @@ table run_sweep(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   return t;
 }
 
+// Where the Bucketer's time goes, each piece timed on its own, interleaved.
+table run_breakdown(const arguments& a, ddp::mpi::communicator& comm, results& r) {
+  const auto shapes = read_shapes(a.shapes);
+  const int iters = a.iters > 0 ? a.iters : 15;
+  const std::size_t n = shapes.size();
+  model m(shapes);
+  using bucketer = ddp::Bucketer<ddp::bucketing::size_capped>;
+  auto make = [&](ddp::bucketer_options o) {
+    auto b = std::make_unique<bucketer>(comm, ddp::bucketing::size_capped{}, o);
+    m.register_with(*b);
+    return b;
+  };
+  auto copying = make({});
+  auto in_place = make({.zero_copy = true});
+  auto no_divide = make({.zero_copy = true});
+  no_divide->register_comm_hook([](ddp::grad_bucket& b) { return b.comm.allreduce(b.data, ddp::reduce_op::sum); });
+  copying->build();
+  in_place->build();
+  no_divide->build();
+  std::vector<std::vector<float>> buckets;  // the default layout's bucket sizes, as plain buffers
+  for (const auto& members : copying->layout().buckets) {
+    std::size_t count = 0;
+    for (std::size_t i : members) count += shapes[i].count;
+    buckets.emplace_back(count, 0.0f);
+  }
+  std::vector<float> flat(total_elements(shapes), 0.0f), other(flat.size(), 0.0f);
+  auto step = [&](bucketer& b) {
+    for (std::size_t i = n; i-- > 0;) b.mark_ready(i);
+    b.finalize();
+  };
+  const std::vector<std::pair<std::string, std::function<void()>>> parts{
+      {"flat_allreduce", [&] { comm.allreduce(flat, ddp::reduce_op::sum).wait(); }},
+      {"bucket_allreduces_only", [&] {
+         std::vector<ddp::work> w;
+         for (auto& b : buckets) w.push_back(comm.allreduce(b, ddp::reduce_op::sum));
+         for (auto& x : w) x.wait();
+       }},
+      {"bucketer_zero_copy_sum_only", [&] { step(*no_divide); }},
+      {"bucketer_zero_copy", [&] { step(*in_place); }},
+      {"bucketer", [&] { step(*copying); }},
+      {"memcpy_all_gradients", [&] { std::memcpy(other.data(), flat.data(), flat.size() * sizeof(float)); }},
+      {"divide_all_gradients", [&] { ddp::detail::divide_in_place(ddp::dtype::f32, flat.data(), flat.size(), 2); }},
+  };
+  std::vector<std::vector<double>> samples(parts.size());
+  for (int w = 0; w < a.warmup; ++w) {
+    for (const auto& p : parts) timed(p.second);
+  }
+  for (int i = 0; i < iters; ++i) {
+    for (std::size_t k = 0; k < parts.size(); ++k) samples[k].push_back(timed(parts[k].second));
+  }
+  const std::map<std::string, std::string> what{
+      {"flat_allreduce", "1 allreduce of all gradient bytes (ddp::mpi)"},
+      {"bucket_allreduces_only", "the layout's allreduces, launched together, waited in order"},
+      {"bucketer_zero_copy_sum_only", "+ Bucketer bookkeeping (zero-copy, hook without division)"},
+      {"bucketer_zero_copy", "+ the division after the sum (default hook)"},
+      {"bucketer", "+ copies in and out (default options)"},
+      {"memcpy_all_gradients", "one memcpy of all gradient bytes"},
+      {"divide_all_gradients", "one in-place division of all gradients"},
+  };
+  table t{"where the Bucketer's time goes: " + a.model + ", " + std::to_string(buckets.size()) + " buckets",
+          {"step", "median_ms", "min_ms", "n", "what"},
+          {}};
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    r.add(parts[k].first, samples[k]);
+    const auto& v = r.samples[parts[k].first];
+    t.rows.push_back({parts[k].first, fixed(median(v)), fixed(*std::min_element(v.begin(), v.end())),
+                      std::to_string(v.size()), what.at(parts[k].first)});
+  }
+  r.note("buckets", buckets.size());
+  return t;
+}
+
 table run_busbw(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   const double size = world_size();
   table t{"allreduce bandwidth (float32, sum, in place)",
@@ -606,7 +684,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     const arguments a = parse(argc, argv);
-    if ((a.mode == "sync" || a.mode == "buffers" || a.mode == "sweep") && a.shapes.empty()) {
+    if ((a.mode == "sync" || a.mode == "buffers" || a.mode == "sweep" || a.mode == "breakdown") && a.shapes.empty()) {
       usage(a.mode + " needs --shapes FILE");
     }
     auto comm = ddp::mpi::communicator::world();
@@ -620,6 +698,8 @@ int main(int argc, char** argv) {
       t = run_buffers(a, comm, r);
     } else if (a.mode == "sweep") {
       t = run_sweep(a, comm, r);
+    } else if (a.mode == "breakdown") {
+      t = run_breakdown(a, comm, r);
     } else if (a.mode == "busbw") {
       t = run_busbw(a, comm, r);
     } else {

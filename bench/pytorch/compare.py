@@ -72,7 +72,10 @@ class Runner:
             data = json.load(f)
         for name, values in data["samples"].items():
             self.samples.setdefault((case, model, name), []).extend(values)
-        self.info.setdefault((case, model), {}).update(data.get("info", {}))
+        info = dict(data.get("info", {}))
+        if "torch" in data and "buckets" in info:  # the PyTorch worker's bucket count, kept apart
+            info["pytorch_buckets"] = info.pop("buckets")
+        self.info.setdefault((case, model), {}).update(info)
         for k in ("torch", "python"):
             if k in data:
                 self.info.setdefault(("meta", ""), {})[k] = data[k]
@@ -140,7 +143,9 @@ def build_tables(r, models, cases):
             info = r.info.get(("sync", m), {})
             pt_sync = Stat(g("pytorch_ddp_backward"), g("pytorch_plain_backward"))
             pt_flat = Stat(g("pytorch_flat_allreduce"))
-            row("sync", m, "pytorch", "DDP sync (DDP - plain backward)", pt_sync, "gloo, bucket_cap_mb=25")
+            pt_info = r.info.get(("sync", m), {})
+            row("sync", m, "pytorch", "DDP sync (DDP - plain backward)", pt_sync,
+                "gloo, bucket_cap_mb=25, %s buckets" % pt_info.get("pytorch_buckets", "?"))
             row("sync", m, "pytorch", "DDP backward", Stat(g("pytorch_ddp_backward")))
             row("sync", m, "pytorch", "plain backward", Stat(g("pytorch_plain_backward")))
             row("sync", m, "pytorch", "flat allreduce (gloo)", pt_flat, "one dist.all_reduce")
