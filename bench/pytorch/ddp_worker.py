@@ -277,7 +277,8 @@ def main(argv=None):
     p.add_argument("--grads", choices=("zero", "none"), default="zero",
                    help="sync: before each step, zero the gradients in place (default) or set them to None")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
-    p.add_argument("--out", required=True, help="JSON result file")
+    p.add_argument("--out", required=True, help="JSON result file (per-iteration samples)")
+    p.add_argument("--csv", help="also write the printed table as CSV")
     args = p.parse_args(argv)
     if args.case in ("sync", "buffers") and not args.shapes:
         p.error("--shapes is required for " + args.case)
@@ -305,7 +306,31 @@ def main(argv=None):
         if failed:
             print("ddp_worker: ranks %s failed" % failed, file=sys.stderr)
             return 1
+    report(args)
     return 0
+
+
+def report(args):
+    """Prints the medians of the result file as a table; with --csv, writes the same as CSV."""
+    import csv
+    import statistics
+
+    with open(args.out) as f:
+        data = json.load(f)
+    rows = [("measured", "median_ms", "min_ms", "max_ms", "n")]
+    for name, v in sorted(data["samples"].items()):
+        rows.append((name, "%.3f" % statistics.median(v), "%.3f" % min(v), "%.3f" % max(v), str(len(v))))
+    info = ", ".join("%s=%s" % kv for kv in sorted(data.get("info", {}).items()))
+    print("PyTorch %s, case %s, %d ranks (gloo); slowest rank per iteration; %s"
+          % (data.get("torch", "?"), args.case, args.world, info))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for k, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
 
 
 if __name__ == "__main__":
