@@ -156,7 +156,8 @@ std::vector<posix_setup_record> exchange(C& comm, const posix_setup_record& mine
 
 /// Creates (on each node's leader) and maps (everywhere) the node's segment for `layout`.
 /// Collective over `comm` (two allgathers), including ranks alone on their node, which get null.
-/// @throws segment_error on every rank if any rank failed, naming that rank, the call and errno text
+/// @throws segment_error on every rank if any rank failed, naming that rank, the call and errno
+/// text; usage_error on every rank if the ranks of a node passed different options
 template <communicator C>
 [[nodiscard]] std::unique_ptr<segment> open_posix_segment(C& comm, const node_topology& topo,
                                                           const segment_layout& layout) {
@@ -206,7 +207,9 @@ template <communicator C>
     std::string what = "rank " + std::to_string(r) + " could not set up its node's shared memory: " +
                        posix_segment::name_of(s) + " failed";
     if (rec.error != 0) what += ": " + std::string(std::strerror(rec.error)) + " (errno " + std::to_string(rec.error) + ")";
-    if (s == step::config_mismatch) what += ": ranks of one node passed different shm::options";
+    if (s == step::config_mismatch || s == step::size_mismatch) {
+      throw usage_error(topo.rank, "shm::communicator set-up", what + ": ranks of one node passed different shm::options");
+    }
     if (s == step::fallocate || s == step::ftruncate) {
       what += " while reserving " + std::to_string(bytes) + " bytes (is /dev/shm large enough?)";
     }

@@ -81,7 +81,7 @@ inline void check(int code, int rank, const char* call) {
 
 /// Builds the shared-memory communicator over `parent`. Collective over `parent`.
 /// @throws segment_error (every rank) if the node's memory cannot be allocated or mapped
-/// @throws usage_error for inconsistent options; mpi_error if an MPI call fails
+/// @throws usage_error (every rank) if ranks of a node passed different options; mpi_error if an MPI call fails
 [[nodiscard]] inline mpi_communicator make_communicator(MPI_Comm parent, options opts = {}, setup_options setup = {}) {
   ::ddp::mpi::communicator inner(parent, setup.inner);  // duplicates parent; throws if MPI is not running
   const int rank = inner.rank();
@@ -120,23 +120,33 @@ inline void check(int code, int rank, const char* call) {
     parts.shared = open_posix_segment(inner, t, parts.layout);  // collective over inner; agrees on errors
   } else {
     std::exception_ptr problem;
+    int kind = INT_MAX;  // of this rank's failure: 0 inconsistent options, 1 no shared memory
     if (t.node_size > 1) {
       try {
-        auto seg = window_segment::allocate(node.get(), parts.layout.total_bytes(), parts.layout.slot(0, 0), rank);
-        if (t.is_leader()) parts.layout.initialise(seg->data());
-        detail::check(MPI_Barrier(node.get()), rank, "MPI_Barrier");
-        parts.layout.check(seg->data(), rank);
+        const segment_layout& layout = parts.layout;
+        auto seg = window_segment::allocate(node.get(), layout.total_bytes(), layout.slot(0, 0), rank,
+                                            [&](std::byte* data) { layout.initialise(data); });
+        layout.check(seg->data(), rank);
         parts.shared = std::move(seg);
+      } catch (const usage_error&) {
+        problem = std::current_exception();
+        kind = 0;
       } catch (const error&) {
         problem = std::current_exception();
+        kind = 1;
       }
     }
-    int first_failed = problem ? rank : INT_MAX;
-    detail::check(MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, work.get()), rank, "MPI_Allreduce");
-    if (problem) std::rethrow_exception(problem);
-    if (first_failed != INT_MAX) {
-      throw segment_error(rank, "shm::mpi::make_communicator",
-                          "rank " + std::to_string(first_failed) + " could not set up its node's shared window");
+    // Every rank learns the first failure, and throws the same type.
+    struct {
+      int kind;
+      int rank;
+    } first{kind, rank};
+    detail::check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MINLOC, work.get()), rank, "MPI_Allreduce");
+    if (first.kind != INT_MAX) {
+      if (problem && kind == first.kind) std::rethrow_exception(problem);
+      const std::string what = "rank " + std::to_string(first.rank) + " could not set up its node's shared window";
+      if (first.kind == 0) throw usage_error(rank, "shm::mpi::make_communicator", what + ": ranks passed different options");
+      throw segment_error(rank, "shm::mpi::make_communicator", what);
     }
   }
 

@@ -25,11 +25,13 @@ namespace ddp::shm::mpi {
 class window_segment final : public segment {
  public:
   /// Allocates `bytes` on node rank 0 of `node_comm`, contiguous, and maps it on every rank.
-  /// Collective over `node_comm` (whose error handler must return errors). Zero-fills the first
-  /// `zero_bytes` (MPI does not promise zeroed memory) before the ranks synchronise.
-  /// @throws segment_error naming MPI's error text
+  /// Collective over `node_comm` (whose error handler must return errors). Node rank 0 zero-fills
+  /// the first `zero_bytes` (MPI does not promise zeroed memory) and calls `prepare(data)` before
+  /// the ranks synchronise; every rank takes every collective step even if its own checks fail.
+  /// @throws segment_error naming MPI's error text; usage_error if node rank 0 allocated less
+  template <class Prepare>
   [[nodiscard]] static std::unique_ptr<window_segment> allocate(MPI_Comm node_comm, std::size_t bytes,
-                                                                std::size_t zero_bytes, int rank) {
+                                                                std::size_t zero_bytes, int rank, Prepare&& prepare) {
     int node_rank = 0;
     check(MPI_Comm_rank(node_comm, &node_rank), rank, "MPI_Comm_rank");
     // Open MPI places the memory after its own header, not on a page: allocate a page more and
@@ -45,15 +47,27 @@ class window_segment final : public segment {
     check(MPI_Win_shared_query(win, 0, &got, &unit, &base), rank, "MPI_Win_shared_query");
     auto at = static_cast<std::uint64_t>(-reinterpret_cast<std::uintptr_t>(base) % page);
     check(MPI_Bcast(&at, 1, MPI_UINT64_T, 0, node_comm), rank, "MPI_Bcast");
-    if (static_cast<std::size_t>(got) < bytes + at || (reinterpret_cast<std::uintptr_t>(base) + at) % 64 != 0) {
-      throw segment_error(rank, "shm::communicator set-up",
-                          "MPI_Win_allocate_shared gave " + std::to_string(got) + " bytes at an address that is " +
-                              std::to_string(reinterpret_cast<std::uintptr_t>(base) % page) +
-                              " bytes into a page here; " + std::to_string(bytes) + " bytes on a 64-byte boundary needed");
+    const bool enough = static_cast<std::size_t>(got) >= bytes + at;
+    const bool aligned = (reinterpret_cast<std::uintptr_t>(base) + at) % 64 == 0;
+    if (enough && aligned) {
+      seg->assign(static_cast<std::byte*>(base) + at, bytes);
+      if (node_rank == 0) {
+        std::memset(seg->data(), 0, zero_bytes);
+        prepare(seg->data());
+      }
     }
-    seg->assign(static_cast<std::byte*>(base) + at, bytes);
-    if (node_rank == 0) std::memset(seg->data(), 0, zero_bytes);
     check(MPI_Barrier(node_comm), rank, "MPI_Barrier");
+    if (!enough) {
+      throw usage_error(rank, "shm::communicator set-up",
+                        "node rank 0 allocated a window of " + std::to_string(got) + " bytes; this rank's options need " +
+                            std::to_string(bytes + at) + " (ranks of one node passed different shm::options)");
+    }
+    if (!aligned) {
+      throw segment_error(rank, "shm::communicator set-up",
+                          "MPI_Win_allocate_shared returned memory " +
+                              std::to_string(reinterpret_cast<std::uintptr_t>(base) % page) +
+                              " bytes into a page; ddp needs it on the same 64-byte boundary on every rank");
+    }
     return seg;
   }
 
