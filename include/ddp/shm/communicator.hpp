@@ -297,7 +297,8 @@ class communicator {
     leaders_ = std::move(parts.leaders);
     const node_topology& t = s_->topology;
     if (s_->shared) {
-      s_->engine.emplace(s_->shared->data(), parts.layout, t.node_rank, t.node_ranks(), s_->opts.spins_before_yield);
+      s_->engine.emplace(s_->shared->data(), parts.layout, t.node_rank, t.node_ranks(), s_->opts.spins_before_yield,
+                         s_->opts.single_phase_bytes);
       if (parts.layout.arena_bytes() > 0) {
         s_->pool = std::make_shared<shm::arena>(s_->shared->data() + parts.layout.arena(t.node_rank),
                                             parts.layout.arena_bytes(), s_->shared);

@@ -107,8 +107,24 @@ inline void divide(C* __restrict acc, std::size_t n, std::int64_t divisor) noexc
   }
 }
 
+// acc = a op b, one pass.
+template <reduce_op Op, class C>
+inline void combine2(C* __restrict acc, const C* __restrict a, const C* __restrict b, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+      acc[i] = static_cast<C>(a[i] + b[i]);
+    } else if constexpr (Op == reduce_op::prod) {
+      acc[i] = static_cast<C>(a[i] * b[i]);
+    } else if constexpr (Op == reduce_op::min) {
+      acc[i] = b[i] < a[i] ? b[i] : a[i];
+    } else {
+      acc[i] = a[i] < b[i] ? b[i] : a[i];
+    }
+  }
+}
+
 template <class T, reduce_op Op>
-void reduce_many_typed(T* out, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
+void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
   using C = compute_t<T>;
   alignas(64) C acc[kernel_block];
   alignas(64) C wide[is_half_like<T> ? kernel_block : 1];
@@ -120,34 +136,40 @@ void reduce_many_typed(T* out, const T* const* in, int k, std::size_t n, std::in
         widen(wide, in[q] + b, m);
         combine<Op>(acc, wide, m);
       }
-    } else {
+    } else if (k == 1) {
       std::memcpy(acc, in[0] + b, m * sizeof(T));
-      for (int q = 1; q < k; ++q) combine<Op>(acc, in[q] + b, m);
+    } else {
+      combine2<Op>(acc, in[0] + b, in[1] + b, m);
+      for (int q = 2; q < k; ++q) combine<Op>(acc, in[q] + b, m);
     }
     if (divisor > 1) divide(acc, m, divisor);
     if constexpr (is_half_like<T>) {
       narrow(out + b, acc, m);
+      if (out2 != nullptr) std::memcpy(out2 + b, out + b, m * sizeof(T));
     } else {
       std::memcpy(out + b, acc, m * sizeof(T));
+      if (out2 != nullptr) std::memcpy(out2 + b, acc, m * sizeof(T));
     }
   }
 }
 
 /// out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], left to right, for i < n; then divided by
 /// `divisor` if it exceeds 1 (for `avg`, pass the number of contributing ranks; the sum is the
-/// operator then). `out` may equal any `in[q]`; other overlaps are not allowed.
-inline void reduce_many(dtype t, reduce_op op, void* out, const void* const* in, int k, std::size_t n,
+/// operator then). `out` may equal any `in[q]`; other overlaps are not allowed. `out2`, if not
+/// null, receives the same bits (written from the block still in L1).
+inline void reduce_many(dtype t, reduce_op op, void* out, void* out2, const void* const* in, int k, std::size_t n,
                         std::int64_t divisor) noexcept {
   if (n == 0 || k <= 0) return;
   ddp::detail::visit_dtype(t, [&]<class T>(T) {
     auto* o = static_cast<T*>(out);
+    auto* o2 = static_cast<T*>(out2);
     const auto* const* i = reinterpret_cast<const T* const*>(in);
     switch (op) {
-      case reduce_op::sum: reduce_many_typed<T, reduce_op::sum>(o, i, k, n, 1); break;
-      case reduce_op::avg: reduce_many_typed<T, reduce_op::sum>(o, i, k, n, divisor); break;
-      case reduce_op::prod: reduce_many_typed<T, reduce_op::prod>(o, i, k, n, 1); break;
-      case reduce_op::min: reduce_many_typed<T, reduce_op::min>(o, i, k, n, 1); break;
-      case reduce_op::max: reduce_many_typed<T, reduce_op::max>(o, i, k, n, 1); break;
+      case reduce_op::sum: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, 1); break;
+      case reduce_op::avg: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, divisor); break;
+      case reduce_op::prod: reduce_many_typed<T, reduce_op::prod>(o, o2, i, k, n, 1); break;
+      case reduce_op::min: reduce_many_typed<T, reduce_op::min>(o, o2, i, k, n, 1); break;
+      case reduce_op::max: reduce_many_typed<T, reduce_op::max>(o, o2, i, k, n, 1); break;
     }
   });
 }

@@ -4,25 +4,33 @@
 /// and the reduce-to-leader and broadcast-from-leader variants the hierarchical path uses.
 ///
 /// A dtype group's elements are cut into chunks of `chunk_bytes`; chunks get consecutive numbers
-/// g in a sequence shared by every operation on the segment. Per chunk, every rank
+/// g in a sequence shared by every operation on the segment. Each chunk is cut into one slice
+/// per rank (equal, whole cache lines). Per chunk, every rank
 ///  1. waits until all ranks finished reading chunk g-2 (`copied >= g-1`): slot g % 2 is free;
-///  2. puts its input in place — copied into its staging slot, or, zero-copy, where it already
-///     is (its arena) — describes it, and publishes `staged = g+1`;
-///  3. waits for all `staged`, then reduces its own slice of the chunk across all ranks' inputs
-///     in rank order, writing the result over its own input's slice; publishes `reduced = g+1`;
-///  4. waits for all `reduced`, copies every slice from its owner into its output; publishes
-///     `copied = g+1`.
+///  2. puts its input where peers can read it — the other ranks' slices copied into its staging
+///     slot (its own slice only it reads, from its own buffer), or, zero-copy, nothing: the
+///     input already is in its arena — describes it, and publishes `staged = g+1`;
+///  3. waits for all `staged`, then reduces its own slice across all ranks' inputs in rank
+///     order, writing the result into its slot (for the peers) and its own output at once;
+///     publishes `reduced = g+1`;
+///  4. waits for all `reduced`, copies the other slices from their owners into its output;
+///     publishes `copied = g+1`.
 /// One rank reduces each element, so every rank copies the same bits. Double buffering lets a
 /// rank stage chunk g+1 while slower ranks still read chunk g. The counters are monotonic, one
 /// writer each, in their own cache lines, written with release and read with acquire stores:
 /// no locks and no collective of the wrapped communicator per phase. A rank whose input is in
 /// its arena waits at the end until all peers have read it, since the caller may then write it.
+///
+/// Groups of at most `single_phase_bytes` skip the second round trip: every rank stages the
+/// whole group, then each reduces all of it, in the same rank order with the same code, so the
+/// bits still agree (latency of one synchronisation instead of two).
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +51,7 @@ enum class node_phase : std::uint32_t {
   allreduce = 1,         ///< every rank ends with the node's reduction
   reduce_to_leader = 2,  ///< only node rank 0 copies the reduction out
   broadcast = 3,         ///< node rank 0's data to every rank
+  allreduce_single = 4,  ///< small allreduce: every rank reduces everything (one round trip)
 };
 
 [[nodiscard]] constexpr const char* name_of(node_phase p) noexcept {
@@ -50,6 +59,7 @@ enum class node_phase : std::uint32_t {
     case node_phase::allreduce: return "allreduce";
     case node_phase::reduce_to_leader: return "reduce to leader";
     case node_phase::broadcast: return "broadcast";
+    case node_phase::allreduce_single: return "single-phase allreduce";
   }
   return "?";
 }
@@ -59,9 +69,11 @@ class node_engine {
  public:
   /// @param base        this rank's address of the segment
   /// @param node_ranks  rank (in the wrapped communicator) of every node rank, for messages
-  node_engine(std::byte* base, segment_layout layout, int node_rank, std::vector<int> node_ranks, unsigned spins)
+  /// @param single_phase_bytes  allreduce groups up to this size take the single-phase path
+  node_engine(std::byte* base, segment_layout layout, int node_rank, std::vector<int> node_ranks, unsigned spins,
+              std::size_t single_phase_bytes)
       : base_(base), layout_(layout), me_(node_rank), size_(layout.node_size()), world_(std::move(node_ranks)),
-        spins_(spins) {}
+        spins_(spins), single_max_(std::min(single_phase_bytes, layout.chunk_bytes())) {}
 
   [[nodiscard]] int node_rank() const noexcept { return me_; }
   [[nodiscard]] int node_size() const noexcept { return size_; }
@@ -76,6 +88,11 @@ class node_engine {
     const std::size_t esz = size_of(group.type);
     const std::size_t chunk_elems = layout_.chunk_bytes() / esz;
     const bool zero_copy = group.zero_copy_offset.has_value();
+    if (phase == node_phase::allreduce && group.total * esz <= single_max_) phase = node_phase::allreduce_single;
+    // A segment a peer gave up on stays unusable, even where this call would not have to wait.
+    if (const std::uint32_t by = std::atomic_ref<std::uint32_t>(header()->aborted_by).load(std::memory_order_acquire)) {
+      throw_aborted(by, {info, deadline, next_chunk_});
+    }
     std::uint64_t last = 0;
     for (std::size_t first = 0; first < group.total; first += chunk_elems) {
       const std::size_t n = std::min(chunk_elems, group.total - first);
@@ -94,11 +111,14 @@ class node_engine {
       if (g >= 2) wait_all(&rank_control::copied, g - 1, ctx, "release its staging slot");
       if (phase == node_phase::broadcast) {
         broadcast_chunk(group, d, zero_copy, ctx);
+      } else if (phase == node_phase::allreduce_single) {
+        single_phase_chunk(group, d, zero_copy, divisor, ctx);
       } else {
         reduce_chunk(phase, group, d, zero_copy, divisor, ctx);
       }
     }
-    const bool others_read_mine = zero_copy && (phase != node_phase::broadcast || me_ == 0);
+    const bool others_read_mine =
+        zero_copy && phase != node_phase::allreduce_single && (phase != node_phase::broadcast || me_ == 0);
     if (others_read_mine && group.total > 0) {
       wait_all(&rank_control::copied, last + 1, {info, deadline, last}, "finish reading this rank's buffer");
     }
@@ -147,38 +167,40 @@ class node_engine {
                     std::int64_t divisor, const wait_ctx& ctx) {
     const std::size_t esz = size_of(group.type);
     const std::size_t parity = ctx.chunk & 1;
+    const std::size_t n = static_cast<std::size_t>(d.count);
+    const auto [a, b] = slice(me_, n, esz);
+    // This rank's own slice, read (and written) in its private buffer when it is contiguous there.
+    std::byte* own = zero_copy ? nullptr : group.contiguous(d.first + a, b - a);
     if (zero_copy) {
       d.offset = *group.zero_copy_offset + d.first * esz;
     } else {
       d.offset = layout_.slot(me_, parity);
-      group.copy_out(d.first, d.count, base_ + d.offset);
+      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce
+        const auto [qa, qb] = slice(q, n, esz);
+        if (qb > qa && (q != me_ || own == nullptr)) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
+      }
     }
     mine().desc[parity] = d;
     publish(&rank_control::staged, ctx.chunk + 1);
 
     wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
-    const void* in[max_inline_ranks];
-    std::vector<const void*> in_heap;
-    const void** inputs = in;
-    if (size_ > max_inline_ranks) {
-      in_heap.resize(static_cast<std::size_t>(size_));
-      inputs = in_heap.data();
-    }
-    const auto [a, b] = slice(me_, static_cast<std::size_t>(d.count), esz);
+    const void** inputs = input_table();
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = base_ + dq.offset + a * esz;
+      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset + a * esz;
     }
-    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), base_ + d.offset + a * esz, inputs, size_, b - a,
-                        divisor);
+    // The result goes to the slot (for the peers) and straight into this rank's output.
+    const bool output_here = phase == node_phase::allreduce || me_ == 0;
+    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), base_ + d.offset + a * esz,
+                        output_here ? own : nullptr, inputs, size_, b - a, divisor);
     publish(&rank_control::reduced, ctx.chunk + 1);
 
-    if (phase == node_phase::allreduce || me_ == 0) {
+    if (output_here) {
       wait_all(&rank_control::reduced, ctx.chunk + 1, ctx, "reduce its slice");
       for (int q = 0; q < size_; ++q) {
-        const auto [qa, qb] = slice(q, static_cast<std::size_t>(d.count), esz);
-        if (qb == qa || (zero_copy && q == me_)) continue;
+        const auto [qa, qb] = slice(q, n, esz);
+        if (qb == qa || (q == me_ && (zero_copy || own != nullptr))) continue;
         const std::byte* src = base_ + control(q).desc[parity].offset + qa * esz;
         if (zero_copy) {
           std::memcpy(base_ + d.offset + qa * esz, src, (qb - qa) * esz);
@@ -188,6 +210,53 @@ class node_engine {
       }
     }
     publish(&rank_control::copied, ctx.chunk + 1);
+  }
+
+  // The whole (small) group is one chunk: stage it, wait once, reduce all of it locally.
+  void single_phase_chunk(const tensor_group& group, chunk_descriptor& d, bool zero_copy, std::int64_t divisor,
+                          const wait_ctx& ctx) {
+    const std::size_t esz = size_of(group.type);
+    const std::size_t parity = ctx.chunk & 1;
+    const std::size_t n = static_cast<std::size_t>(d.count);
+    std::byte* own = zero_copy ? nullptr : group.contiguous(0, n);
+    if (zero_copy) {
+      d.offset = *group.zero_copy_offset;
+    } else {
+      d.offset = layout_.slot(me_, parity);
+      group.copy_out(0, n, base_ + d.offset);
+    }
+    mine().desc[parity] = d;
+    publish(&rank_control::staged, ctx.chunk + 1);
+
+    wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
+    const void** inputs = input_table();
+    for (int q = 0; q < size_; ++q) {
+      const chunk_descriptor& dq = control(q).desc[parity];
+      check_same(q, dq, d, ctx);
+      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset;
+    }
+    // Peers read this rank's staged copy (or its arena buffer), never its private buffer: the
+    // result may go straight there. An arena buffer is written only once every peer read it.
+    std::byte* out = own != nullptr ? own : scratch(n * esz);
+    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), out, nullptr, inputs, size_, n, divisor);
+    publish(&rank_control::reduced, ctx.chunk + 1);
+    publish(&rank_control::copied, ctx.chunk + 1);
+    if (zero_copy) {
+      wait_all(&rank_control::copied, ctx.chunk + 1, ctx, "finish reading this rank's buffer");
+      std::memcpy(base_ + d.offset, out, n * esz);
+    } else if (own == nullptr) {
+      group.copy_in(0, n, out);
+    }
+  }
+
+  const void** input_table() {
+    inputs_.resize(static_cast<std::size_t>(size_));
+    return inputs_.data();
+  }
+
+  std::byte* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
   }
 
   void broadcast_chunk(const tensor_group& group, chunk_descriptor& d, bool zero_copy, const wait_ctx& ctx) {
@@ -276,15 +345,16 @@ class node_engine {
     return q >= 0 && static_cast<std::size_t>(q) < world_.size() ? world_[static_cast<std::size_t>(q)] : q;
   }
 
-  static constexpr int max_inline_ranks = 64;
-
   std::byte* base_;
   segment_layout layout_;
   int me_;
   int size_;
   std::vector<int> world_;
   unsigned spins_;
+  std::size_t single_max_;
   std::uint64_t next_chunk_ = 0;
+  std::vector<const void*> inputs_;  // per node rank: where its data of the current slice is
+  std::vector<std::byte> scratch_;   // single-phase results that cannot go straight to the output
 };
 
 }  // namespace ddp::shm

@@ -21,6 +21,11 @@ struct options {
   /// of through memory. Rounded up to a multiple of 4 KiB; at least 4 KiB.
   std::size_t chunk_bytes = std::size_t{256} << 10;
 
+  /// Allreduces of at most this many bytes per dtype take one round trip instead of two: every
+  /// rank reduces the whole message (same order, same bits) instead of its slice. Capped at
+  /// `chunk_bytes`; 0 disables it.
+  std::size_t single_phase_bytes = std::size_t{16} << 10;
+
   /// Bytes of the segment each rank may hand out with `communicator::allocate()` (zero-copy
   /// buffers, e.g. bucket storage). 0: no arena.
   std::size_t arena_bytes = 0;
@@ -41,7 +46,7 @@ struct options {
   friend bool operator==(const options&, const options&) = default;
 
   friend std::ostream& operator<<(std::ostream& os, const options& o) {
-    os << "{chunk_bytes: " << o.chunk_bytes << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()
+    os << "{chunk_bytes: " << o.chunk_bytes << ", single_phase_bytes: " << o.single_phase_bytes << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()
        << " ms, spins_before_yield: " << o.spins_before_yield << ", node_of_rank: ";
     if (o.node_of_rank.empty()) {
       os << "detect";

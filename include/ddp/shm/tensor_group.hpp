@@ -29,6 +29,15 @@ struct tensor_group {
     total += t.count;
   }
 
+  /// Address of elements [first, first + n) if they lie in one part, else null.
+  [[nodiscard]] std::byte* contiguous(std::size_t first, std::size_t n) const noexcept {
+    if (n == 0 || parts.empty()) return nullptr;
+    auto it = std::upper_bound(starts.begin(), starts.end(), first);
+    const auto p = static_cast<std::size_t>(it - starts.begin()) - 1;
+    const std::size_t at = first - starts[p];
+    return at + n <= parts[p].count ? parts[p].byte_data() + at * size_of(type) : nullptr;
+  }
+
   /// Copies elements [first, first + n) of the sequence to `dst`.
   void copy_out(std::size_t first, std::size_t n, std::byte* dst) const noexcept {
     visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t done) {
