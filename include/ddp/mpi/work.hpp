@@ -82,9 +82,6 @@ class mpi_work final : public work_state {
   /// On completion, copy `to.bytes()` bytes from `from` into `to`.
   void copy_on_completion(const std::byte* from, tensor_view to) { copies_.push_back({from, to}); }
 
-  /// True if nothing was issued (the operation had nothing to move).
-  [[nodiscard]] bool empty() const noexcept { return !first_used_ && rings_.empty(); }
-
   // --- work_state ------------------------------------------------------------------------------
 
   bool poll() override {
