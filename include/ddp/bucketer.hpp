@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -130,6 +131,7 @@ class Bucketer {
     if (built_) throw usage_error(comm_.rank(), "Bucketer::register_comm_hook", "must be called before build()");
     if (!hook) throw usage_error(comm_.rank(), "Bucketer::register_comm_hook", "empty hook");
     hook_ = std::move(hook);
+    default_hook_ = false;
   }
 
   /// Called with (index, new view) for every gradient whenever bucket storage is (re)allocated,
@@ -180,7 +182,10 @@ class Bucketer {
     if (recording_) ready_order_[ready_seen_.fetch_add(1)] = i;
     const entry& e = entries_[i];
     if (!opts_.zero_copy && e.gradient.count > 0) {
-      std::memcpy(slot(e).data, e.gradient.data, e.gradient.bytes());
+      // With the default hook, averaging is folded into this copy (it runs during the backward
+      // pass, off the critical path); the bucket then only needs a sum.
+      const double factor = prescaled(e.gradient.type) ? 1.0 / divisor_ : 1.0;
+      detail::scaled_copy(e.gradient.type, slot(e).data, e.gradient.data, e.gradient.count, factor);
     }
     if (pending_[e.bucket].fetch_sub(1) == 1) {
       std::lock_guard lk(mutex_);
@@ -220,9 +225,10 @@ class Bucketer {
       if (pending_[e.bucket].fetch_sub(1) == 1) launch_ready_locked();
     }
     work used_map = launch_used_map(unmarked);
-    wait_all_locked(called);
+    const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters;
+    wait_all_locked(called, copy_each);
     used_map.wait();
-    copy_back();
+    if (opts_.find_unused_parameters) copy_back();
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
     stats_ = current_;
@@ -455,25 +461,32 @@ class Bucketer {
   void launch_locked(std::size_t b) {
     bucket& bk = buckets_[b];
     grad_bucket gb{b, buckets_.size(), bk.data, comm_, divisor_, shadowing_};
-    bk.inflight = hook_(gb);
+    if (prescaled(bk.data.type)) {
+      bk.inflight = comm_.allreduce(bk.data, reduce_op::sum);  // already divided during the copy in
+    } else {
+      bk.inflight = hook_(gb);
+    }
     bk.launched = true;
     ++current_.collectives;
     current_.buckets[b].launched_ms = ms_between(iteration_start_, clock::now());
   }
 
-  // Tests the oldest incomplete bucket: enough to drive a backend's whole progress engine.
+  // Tests every launched, incomplete bucket. Backends whose collectives are ddp state machines
+  // (the MPI ring) advance an operation only when its own handle is tested, so testing the
+  // oldest one alone would leave the others idle.
   void progress_locked() {
-    while (next_complete_ < next_launch_) {
-      bucket& bk = buckets_[next_complete_];
+    for (std::size_t b = next_complete_; b < next_launch_; ++b) {
+      bucket& bk = buckets_[b];
+      if (bk.completed) continue;
       bool done = false;
       try {
         done = bk.inflight.test();
       } catch (...) {  // the error stays in the work; finalize() rethrows it
-        return;
+        continue;
       }
-      if (!done) return;
-      note_completed(next_complete_++);
+      if (done) note_completed(b);
     }
+    while (next_complete_ < next_launch_ && buckets_[next_complete_].completed) ++next_complete_;
   }
 
   void note_completed(std::size_t b) {
@@ -482,18 +495,61 @@ class Bucketer {
     current_.buckets[b].completed_ms = ms_between(iteration_start_, clock::now());
   }
 
-  void wait_all_locked(clock::time_point since) {
+  // Drives every bucket until all completed, copying each one back as soon as it is done
+  // (`copy_each`), so copies overlap the buckets still in flight.
+  void wait_all_locked(clock::time_point since, bool copy_each) {
+    std::chrono::milliseconds timeout{0};
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (!buckets_[b].launched) {
         throw usage_error(comm_.rank(), "Bucketer::finalize",
                           "bucket " + std::to_string(b) + " could not launch: " +
                               std::to_string(pending_[b].load()) + " of its gradients were never marked ready");
       }
-      buckets_[b].inflight.wait();
-      note_completed(b);
+      timeout = std::max(timeout, buckets_[b].inflight.timeout());
     }
+    const auto deadline = clock::now() + timeout;
+    std::size_t left = 0;
+    for (auto& bk : buckets_) left += bk.completed ? 0 : 1;
+    std::vector<bool> copied(buckets_.size(), false);
+    for (unsigned idle = 0;;) {
+      bool advanced = false;
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        bucket& bk = buckets_[b];
+        if (!bk.completed && bk.inflight.test()) {  // rethrows the bucket's error
+          note_completed(b);
+          --left;
+          advanced = true;
+        }
+        if (copy_each && bk.completed && !copied[b]) {
+          copy_back_bucket(b);
+          copied[b] = true;
+        }
+      }
+      if (left == 0) break;
+      if (advanced) {
+        idle = 0;
+        continue;
+      }
+      if (clock::now() >= deadline) {
+        for (auto& bk : buckets_) {
+          if (!bk.completed) bk.inflight.wait_for(std::chrono::milliseconds(0));  // throws timeout_error naming it
+        }
+      }
+      if (++idle > 64) std::this_thread::yield();
+    }
+    next_complete_ = buckets_.size();
     current_.finalize_wait_ms = ms_between(since, clock::now());
   }
+
+  void copy_back_bucket(std::size_t b) {
+    for (const std::size_t i : layout_.buckets[b]) {
+      const entry& e = entries_[i];
+      if (e.gradient.count) std::memcpy(e.gradient.data, slot(e).data, e.gradient.bytes());
+    }
+  }
+
+  // True if buckets of dtype t are averaged during the copy in (default hook, copy path, floats).
+  [[nodiscard]] bool prescaled(dtype t) const noexcept { return default_hook_ && !opts_.zero_copy && is_floating(t); }
 
   work launch_used_map(const std::vector<std::size_t>& unmarked) {
     if (!opts_.find_unused_parameters) return work::ready();
@@ -504,6 +560,7 @@ class Bucketer {
     return comm_.allreduce(used_, reduce_op::max);
   }
 
+  // After the used-gradient map arrived: copies back all but the globally unused gradients.
   void copy_back() {
     if (opts_.zero_copy) return;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -576,7 +633,7 @@ class Bucketer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b].store(0);
     launch_ready_locked();
     work used_map = launch_used_map({});
-    wait_all_locked(iteration_start_);
+    wait_all_locked(iteration_start_, false);
     used_map.wait();
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
@@ -628,6 +685,7 @@ class Bucketer {
   Policy policy_;
   bucketer_options opts_;
   comm_hook hook_ = hooks::allreduce_average{};
+  bool default_hook_ = true;  // lets the copy path fold the averaging into the copy in
   std::function<void(std::size_t, tensor_view)> on_rebind_;
 
   std::vector<entry> entries_;

@@ -26,5 +26,16 @@
 #include <ddp/hooks/compress.hpp>
 #include <ddp/bucketer.hpp>
 
+#include <ddp/buffer_reducer.hpp>
+#include <ddp/strategies/allreduce.hpp>
+#include <ddp/strategies/any.hpp>
+#include <ddp/strategies/broadcast.hpp>
+#include <ddp/strategies/custom.hpp>
+#include <ddp/strategies/none.hpp>
+
 #include <ddp/joinable.hpp>
 #include <ddp/join.hpp>
+
+#include <ddp/any_communicator.hpp>
+#include <ddp/training_state.hpp>
+#include <ddp/manager.hpp>

@@ -48,7 +48,9 @@ struct op_info {
 
   /// "allreduce #12 (sum, f32 x 1024)"
   [[nodiscard]] std::string describe() const {
-    std::string s = std::string(name) + " #" + std::to_string(seq) + " (";
+    std::string s = std::string(name) + " #" + std::to_string(seq);
+    if (std::string_view(name) == "barrier") return s;
+    s += " (";
     if (std::string_view(name) == "allreduce" || std::string_view(name) == "reduce_scatter") {
       s += std::string(name_of(op)) + ", ";
     }
@@ -172,6 +174,10 @@ class [[nodiscard]] work {
   [[nodiscard]] bool failed() const noexcept { return error_ != nullptr; }
   /// The stored error, or null.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
+  /// Deadline `wait()` uses (the backend's per-operation timeout).
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept {
+    return state_ ? state_->info().timeout : default_timeout;
+  }
   /// Description of the operation ("" once completed).
   [[nodiscard]] std::string describe() const { return state_ ? state_->info().describe() : std::string(); }
 

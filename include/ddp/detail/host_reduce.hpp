@@ -127,6 +127,26 @@ inline void scale_in_place(dtype t, void* data, std::size_t n, double factor) no
   });
 }
 
+/// dst[i] = src[i] * factor for floating dtypes (one pass: the copy and the scaling fused);
+/// a plain copy for integers.
+inline void scaled_copy(dtype t, void* dst, const void* src, std::size_t n, double factor) noexcept {
+  if (factor == 1.0 || !is_floating(t)) {
+    std::memcpy(dst, src, n * size_of(t));
+    return;
+  }
+  visit_dtype(t, [&]<class T>(T) {
+    T* __restrict d = static_cast<T*>(dst);
+    const T* __restrict s = static_cast<const T*>(src);
+    if constexpr (is_half_like<T>) {
+      const float f = static_cast<float>(factor);
+      for (std::size_t i = 0; i < n; ++i) d[i] = T(static_cast<float>(s[i]) * f);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      const T f = static_cast<T>(factor);
+      for (std::size_t i = 0; i < n; ++i) d[i] = s[i] * f;
+    }
+  });
+}
+
 /// Converts n elements between dtypes (through double; f16/bf16 through float).
 inline void convert(dtype from, const void* src, dtype to, void* dst, std::size_t n) noexcept {
   if (from == to) {
