@@ -1,0 +1,247 @@
+// Fault-tolerant data-parallel training: three trainer processes over gloo, one of them killed
+// with SIGKILL in the middle of training and started again. The survivors discard the step that
+// failed, form a new quorum and go on; the restarted trainer asks to join, receives the full
+// training state from the others (healing) and finishes with them. At the end all three hold
+// bit-identical parameters.
+//
+//   ./fault_tolerant_training                 file store in a temporary directory
+//   ./fault_tolerant_training --store redis   a redis-server this program starts on loopback
+//
+// No mpirun: the program starts its trainers itself (`--trainer <id> ...`), like a job launcher.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
+#include <ddp/gloo.hpp>
+#include <ddp/manager.hpp>
+#include <ddp/stores/file_store.hpp>
+#ifdef DDP_EXAMPLE_WITH_REDIS
+#include <ddp/stores/redis_store.hpp>
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int replicas = 3;
+constexpr std::int64_t steps = 100;
+constexpr std::size_t dim = 1 << 16;
+
+struct config {
+  std::string store = "file";
+  std::string dir;
+  int redis_port = 0;
+};
+
+// ---- one trainer process -------------------------------------------------------------------
+
+template <class Store>
+int train(const std::string& id, Store& store) {
+  std::vector<float> w(dim, 0.0f), grad(dim, 0.0f), momentum(dim, 0.0f);
+  for (std::size_t k = 0; k < dim; ++k) w[k] = static_cast<float>(std::hash<std::string>{}(id) % 7) * 0.01f;
+  ddp::training_state state;
+  state.add(w).add(momentum);
+
+  ddp::manager_options opts;
+  opts.replica_id = id;
+  opts.min_replicas = 2;
+  opts.heartbeat_interval = 50ms;
+  opts.heartbeat_timeout = 1000ms;
+  opts.settle = 300ms;
+  opts.quorum_timeout = 60s;
+  ddp::gloo::options gloo_opts;
+  gloo_opts.timeout = 3s;
+  gloo_opts.connect_timeout = 10s;
+  ddp::Manager m(
+      store,
+      [&](const ddp::quorum_info& q) { return ddp::any_communicator(ddp::gloo::communicator(q.store, q.rank, q.size, gloo_opts)); },
+      state, opts);
+  m.on_event([&](const ddp::manager_event& e) {
+    std::printf("%s step %lld: %s\n", id.c_str(), static_cast<long long>(e.step), e.text.c_str());
+    std::fflush(stdout);
+  });
+
+  ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+  grads.add(w, grad);
+  grads.register_comm_hook(m.gradient_hook());
+  grads.build();
+  m.set_layout_fingerprint(grads.layout_fingerprint());
+
+  const auto seed = static_cast<double>(std::hash<std::string>{}(id) % 101);
+  while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
+    m.start_quorum();
+    const double s = static_cast<double>(m.step());
+    for (std::size_t k = 0; k < dim; ++k) {  // this replica's batch: pull w towards a moving target
+      grad[k] = w[k] - static_cast<float>(std::sin(seed + 0.1 * s + 1e-3 * static_cast<double>(k)));
+    }
+    std::this_thread::sleep_for(20ms);  // the rest of the forward and backward pass
+    grads.mark_ready(0);
+    grads.finalize();
+    if (m.should_commit()) {
+      for (std::size_t k = 0; k < dim; ++k) {
+        momentum[k] = 0.9f * momentum[k] + grad[k];
+        w[k] -= 0.05f * momentum[k];
+      }
+      if (m.step() % 20 == 0) {
+        std::printf("%s: committed step %lld with %d replicas\n", id.c_str(), static_cast<long long>(m.step()),
+                    m.participants());
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (float x : w) {
+    std::uint32_t b = 0;
+    std::memcpy(&b, &x, 4);
+    h = (h ^ b) * 0x100000001b3ull;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  store.set("result/" + id, ddp::as_bytes(text));
+  const auto& st = m.stats();
+  std::printf("%s: finished at step %lld: %llu quorums, %llu steps discarded, healed %llu times; parameters %s\n",
+              id.c_str(), static_cast<long long>(m.step()), static_cast<unsigned long long>(st.quorums),
+              static_cast<unsigned long long>(st.discarded), static_cast<unsigned long long>(st.heals), text);
+  return 0;
+}
+
+template <class F>
+int with_store(const config& c, F&& f) {
+  if (c.store == "redis") {
+#ifdef DDP_EXAMPLE_WITH_REDIS
+    ddp::stores::redis_options ro;
+    ro.port = c.redis_port;
+    ddp::stores::redis_store s(ro);
+    ddp::stores::prefix_store<ddp::stores::redis_store> job(s, "ft-example/");
+    return f(job);
+#else
+    std::printf("SKIP: built without hiredis\n");
+    return 0;
+#endif
+  }
+  ddp::stores::file_store s(c.dir);
+  return f(s);
+}
+
+// ---- the launcher --------------------------------------------------------------------------
+
+pid_t spawn(const std::string& self, const std::string& id, const config& c) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string port = std::to_string(c.redis_port);
+    ::execl(self.c_str(), self.c_str(), "--trainer", id.c_str(), "--store", c.store.c_str(), "--dir", c.dir.c_str(),
+            "--port", port.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  return pid;
+}
+
+std::optional<std::string> find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (std::size_t pos = 0; pos <= dirs.size();) {
+    const auto end = dirs.find(':', pos);
+    const auto p = std::filesystem::path(dirs.substr(pos, end - pos)) / name;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return std::nullopt;
+}
+
+int launch(const std::string& self, config c) {
+  c.dir = (std::filesystem::temp_directory_path() / ("ddp-ft-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(c.dir);
+  pid_t redis = -1;
+  if (c.store == "redis") {
+    const auto exe = find_on_path("redis-server");
+    if (!exe) {
+      std::printf("SKIP: redis-server not found\n");
+      return 0;
+    }
+    c.redis_port = 20000 + ::getpid() % 20000;
+    redis = ::fork();
+    if (redis == 0) {
+      const std::string port = std::to_string(c.redis_port);
+      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--dir", c.dir.c_str(), static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    std::this_thread::sleep_for(300ms);
+  }
+  std::printf("launcher: %d trainers over gloo, %s store; r1 will be killed and restarted\n", replicas,
+              c.store.c_str());
+  std::fflush(stdout);
+  std::map<std::string, pid_t> pids;
+  for (int r = 0; r < replicas; ++r) pids["r" + std::to_string(r)] = spawn(self, "r" + std::to_string(r), c);
+
+  std::this_thread::sleep_for(1500ms);
+  std::printf("launcher: SIGKILL r1 (pid %d)\n", static_cast<int>(pids["r1"]));
+  std::fflush(stdout);
+  ::kill(pids["r1"], SIGKILL);
+  ::waitpid(pids["r1"], nullptr, 0);
+  std::this_thread::sleep_for(500ms);
+  std::printf("launcher: restarting r1\n");
+  std::fflush(stdout);
+  pids["r1"] = spawn(self, "r1", c);
+
+  bool ok = true;
+  for (auto& [id, pid] : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  std::vector<std::string> results;
+  with_store(c, [&](auto& store) {
+    for (int r = 0; r < replicas; ++r) {
+      const auto v = store.get("result/r" + std::to_string(r));
+      results.push_back(v ? ddp::to_text(*v) : "missing");
+    }
+    return 0;
+  });
+  bool same = ok;
+  for (const auto& r : results) same = same && r == results.front() && r != "missing";
+  std::printf("launcher: all %d replicas finished with identical parameters: %s\n", replicas, same ? "yes" : "NO");
+  if (redis > 0) {
+    ::kill(redis, SIGTERM);
+    ::waitpid(redis, nullptr, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(c.dir, ec);
+  return same ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  std::string trainer;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--trainer") trainer = v;
+    if (k == "--store") c.store = v;
+    if (k == "--dir") c.dir = v;
+    if (k == "--port") c.redis_port = std::atoi(v.c_str());
+  }
+  try {
+    if (trainer.empty()) return launch("/proc/self/exe", c);
+    return with_store(c, [&](auto& store) { return train(trainer, store); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", trainer.empty() ? "launcher" : trainer.c_str(), e.what());
+    return 1;
+  }
+}
