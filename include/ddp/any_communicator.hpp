@@ -13,28 +13,43 @@
 
 namespace ddp {
 
+/// Owns one communicator of any backend and models `communicator` itself. Move-only. The
+/// collectives forward to the owned communicator; calling them on an empty object is undefined.
 class any_communicator {
  public:
+  /// Empty: owns nothing (`bool(*this)` is false).
   any_communicator() = default;
+  /// Takes ownership of `comm`, moved (or copied, from an lvalue) into the object.
   template <communicator C>
     requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
   any_communicator(C&& comm)  // NOLINT(google-explicit-constructor): takes ownership of a backend
       : impl_(std::make_unique<model<std::remove_cvref_t<C>>>(std::forward<C>(comm))) {}
 
+  /// Takes over the owned communicator; the source becomes empty.
   any_communicator(any_communicator&&) noexcept = default;
+  /// Destroys the currently owned communicator, then takes over the source's.
   any_communicator& operator=(any_communicator&&) noexcept = default;
 
+  /// True if a communicator is owned.
   [[nodiscard]] explicit operator bool() const noexcept { return static_cast<bool>(impl_); }
 
+  /// Rank in the owned communicator.
   [[nodiscard]] int rank() const { return impl_->ref().rank(); }
+  /// Size of the owned communicator.
   [[nodiscard]] int size() const { return impl_->ref().size(); }
+  /// Forwards to the owned communicator (contract: communicator.hpp).
   work allreduce(std::span<const tensor_view> ts, reduce_op op) { return impl_->ref().allreduce(ts, op); }
+  /// @copydoc allreduce
   work broadcast(std::span<const tensor_view> ts, int root) { return impl_->ref().broadcast(ts, root); }
+  /// @copydoc allreduce
   work allgather(tensor_view in, tensor_view out) { return impl_->ref().allgather(in, out); }
+  /// @copydoc allreduce
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     return impl_->ref().reduce_scatter(in, out, op);
   }
+  /// @copydoc allreduce
   work barrier() { return impl_->ref().barrier(); }
+  /// Aborts the owned communicator; a no-op when empty.
   void abort() noexcept {
     if (impl_) impl_->ref().abort();
   }

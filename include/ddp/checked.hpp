@@ -26,43 +26,63 @@
 
 namespace ddp {
 
+/// Settings of a `checked_communicator`.
 struct checked_options {
   /// Deadline of each fingerprint exchange: how long a rank waits for its peers to reach the
   /// same collective before reporting them as missing.
   std::chrono::milliseconds timeout = default_timeout;
 };
 
+/// Decorator over any communicator that verifies, before each collective, that every rank is
+/// issuing the same one (see the file description). Models `communicator`.
 class checked_communicator {
  public:
+  /// Wraps `inner`, which must outlive this object and carries both the fingerprint exchanges
+  /// and the real collectives.
   explicit checked_communicator(communicator_ref inner, checked_options options = {})
       : inner_(inner), opts_(options) {}
 
+  /// Rank in the wrapped communicator.
   [[nodiscard]] int rank() const { return inner_.rank(); }
+  /// Size of the wrapped communicator.
   [[nodiscard]] int size() const { return inner_.size(); }
+  /// The wrapped communicator.
   [[nodiscard]] communicator_ref inner() const noexcept { return inner_; }
   /// Collectives checked so far.
   [[nodiscard]] std::uint64_t checked_calls() const noexcept { return seq_; }
 
+  /// Exchanges this call's fingerprint with every rank (blocking), then forwards the collective
+  /// to the wrapped communicator.
+  /// @throws mismatch_error if ranks issued different collectives (all ranks throw, listing each
+  ///   rank's call); timeout_error if peers did not reach a collective within the timeout;
+  ///   communication_error if the exchange itself failed
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     verify(kind::allreduce, ts, op, -1);
     return inner_.allreduce(ts, op);
   }
+  /// @copydoc allreduce
   work broadcast(std::span<const tensor_view> ts, int root) {
     verify(kind::broadcast, ts, reduce_op::sum, root);
     return inner_.broadcast(ts, root);
   }
+  /// @copydoc allreduce
+  /// The fingerprint covers `in` only.
   work allgather(tensor_view in, tensor_view out) {
     verify(kind::allgather, std::span<const tensor_view>(&in, 1), reduce_op::sum, -1);
     return inner_.allgather(in, out);
   }
+  /// @copydoc allreduce
+  /// The fingerprint covers `in` only.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     verify(kind::reduce_scatter, std::span<const tensor_view>(&in, 1), op, -1);
     return inner_.reduce_scatter(in, out, op);
   }
+  /// @copydoc allreduce
   work barrier() {
     verify(kind::barrier, {}, reduce_op::sum, -1);
     return inner_.barrier();
   }
+  /// Aborts the wrapped communicator (no fingerprint exchange).
   void abort() noexcept { inner_.abort(); }
 
  private:

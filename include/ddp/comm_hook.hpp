@@ -20,7 +20,7 @@ namespace ddp {
 /// One bucket, as a comm hook sees it.
 struct grad_bucket {
   std::size_t index = 0;        ///< position in launch order
-  std::size_t num_buckets = 0;
+  std::size_t num_buckets = 0;  ///< buckets of the step (`index < num_buckets`)
   tensor_view data;             ///< the flat bucket storage: this rank's gradients in, averages out
   communicator_ref comm;        ///< the Bucketer's communicator
   int divisor = 1;              ///< divide the sum by this (world size, or ranks still training)

@@ -44,6 +44,8 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
 /// outlive every component holding the reference.
 class communicator_ref {
  public:
+  /// Refers to `comm` (implicit, so any communicator can be passed where a `communicator_ref`
+  /// is expected). Rvalues are rejected: the reference would dangle.
   template <communicator C>
     requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
   communicator_ref(C& comm) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
@@ -52,16 +54,24 @@ class communicator_ref {
     requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
   communicator_ref(C&&) = delete;  // would dangle
 
+  /// Rank of the calling process in the referenced communicator.
   [[nodiscard]] int rank() const { return vt_->rank(obj_); }
+  /// Number of ranks of the referenced communicator.
   [[nodiscard]] int size() const { return vt_->size(obj_); }
 
+  /// Forwards to the referenced communicator; semantics as in the concept's contract (file docs).
   work allreduce(std::span<const tensor_view> ts, reduce_op op) const { return vt_->allreduce(obj_, ts, op); }
+  /// @copydoc allreduce(std::span<const tensor_view>, reduce_op) const
   work broadcast(std::span<const tensor_view> ts, int root) const { return vt_->broadcast(obj_, ts, root); }
+  /// @copydoc allreduce(std::span<const tensor_view>, reduce_op) const
   work allgather(tensor_view in, tensor_view out) const { return vt_->allgather(obj_, in, out); }
+  /// @copydoc allreduce(std::span<const tensor_view>, reduce_op) const
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) const {
     return vt_->reduce_scatter(obj_, in, out, op);
   }
+  /// @copydoc allreduce(std::span<const tensor_view>, reduce_op) const
   work barrier() const { return vt_->barrier(obj_); }
+  /// Aborts the referenced communicator: its pending work fails, later calls throw.
   void abort() const noexcept { vt_->abort(obj_); }
 
   /// Single-tensor conveniences over any tensor type.
@@ -71,6 +81,7 @@ class communicator_ref {
     const tensor_view v = view(t);
     return allreduce(std::span<const tensor_view>(&v, 1), op);
   }
+  /// Single-tensor broadcast of `t` from `root`, over any tensor type.
   template <class T>
     requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
   work broadcast(T& t, int root) const {

@@ -30,6 +30,7 @@ enum class dtype : std::uint8_t { f16, bf16, f32, f64, i8, u8, i32, i64 };
   return 0;
 }
 
+/// Short name of `t` ("f32", "bf16", ...), as used in error messages; "?" if out of range.
 [[nodiscard]] constexpr std::string_view name_of(dtype t) noexcept {
   switch (t) {
     case dtype::f16: return "f16";
@@ -44,21 +45,27 @@ enum class dtype : std::uint8_t { f16, bf16, f32, f64, i8, u8, i32, i64 };
   return "?";
 }
 
+/// True for f16, bf16, f32 and f64.
 [[nodiscard]] constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::f16 || t == dtype::bf16 || t == dtype::f32 || t == dtype::f64;
 }
 
+/// Writes `name_of(t)`.
 inline std::ostream& operator<<(std::ostream& os, dtype t) { return os << name_of(t); }
 
 /// IEEE 754 binary16 storage type. Arithmetic goes through float.
 struct half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< raw binary16 encoding
 
   half() = default;
+  /// `f` rounded to nearest even; out of range becomes infinity.
   explicit half(float f) noexcept : bits(from_float(f)) {}
+  /// Exact conversion (every half is a float).
   explicit operator float() const noexcept { return to_float(bits); }
+  /// Bitwise equality: +0 and -0 differ, a NaN equals itself.
   friend bool operator==(half a, half b) noexcept { return a.bits == b.bits; }
 
+  /// binary16 encoding of `f`: round to nearest even, overflow to infinity, NaN stays (quiet) NaN.
   static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
@@ -77,6 +84,7 @@ struct half {
     return static_cast<std::uint16_t>(sign | (v >> 13));
   }
 
+  /// Exact float value of the binary16 encoding `h` (subnormals, infinities and NaN included).
   static float to_float(std::uint16_t h) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;
@@ -92,19 +100,24 @@ struct half {
 
 /// bfloat16 storage type (upper half of an IEEE float). Arithmetic goes through float.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< raw encoding: the upper 16 bits of the float
 
   bfloat16() = default;
+  /// `f` rounded to nearest even.
   explicit bfloat16(float f) noexcept : bits(from_float(f)) {}
+  /// Exact conversion (every bfloat16 is a float).
   explicit operator float() const noexcept { return to_float(bits); }
+  /// Bitwise equality: +0 and -0 differ, a NaN equals itself.
   friend bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
 
+  /// bfloat16 encoding of `f`: round to nearest even; NaN stays a (quiet) NaN.
   static std::uint16_t from_float(float f) noexcept {
     std::uint32_t x = std::bit_cast<std::uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet nan
     x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
     return static_cast<std::uint16_t>(x >> 16);
   }
+  /// Float value of the encoding `b` (exact: the low mantissa bits are zero).
   static float to_float(std::uint16_t b) noexcept { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 };
 
@@ -129,6 +142,7 @@ template <class T>
   requires(std::is_same_v<T, long long> && !std::is_same_v<long long, std::int64_t> && sizeof(long long) == 8)
 struct dtype_of<T> : std::integral_constant<dtype, dtype::i64> {};
 
+/// The dtype of element type `T` (cv-qualifiers ignored): `dtype_v<float> == dtype::f32`.
 template <element T>
 inline constexpr dtype dtype_v = dtype_of<std::remove_cv_t<T>>::value;
 

@@ -18,7 +18,9 @@ class error : public std::runtime_error {
   error(int rank, std::string operation, const std::string& message)
       : std::runtime_error(format(rank, operation, message)), rank_(rank), operation_(std::move(operation)) {}
 
+  /// Rank that detected the error; -1 if not known.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// Operation the error happened in ("allreduce #12", ...); may be empty.
   [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
 
  private:

@@ -21,6 +21,7 @@
 
 namespace ddp {
 
+/// A registry of "gradient ready" hooks (see the file description).
 template <class R>
 concept gradient_hook_registry = requires(R& r, std::size_t key, std::function<void()> fn) {
   r.add_gradient_hook(key, std::move(fn));
@@ -31,12 +32,16 @@ concept gradient_hook_registry = requires(R& r, std::size_t key, std::function<v
 class attached_hook {
  public:
   attached_hook() = default;
+  /// Attaches `fn` to gradient `key` of `registry`. `registry` must outlive this object (or
+  /// `reset()` must be called before it goes away).
   template <gradient_hook_registry R>
   attached_hook(R& registry, std::size_t key, std::function<void()> fn) {
     auto handle = registry.add_gradient_hook(key, std::move(fn));
     remove_ = [&registry, handle]() mutable { registry.remove_gradient_hook(std::move(handle)); };
   }
+  /// Takes over `o`'s hook; `o` is left detached.
   attached_hook(attached_hook&& o) noexcept : remove_(std::exchange(o.remove_, nullptr)) {}
+  /// Removes this object's hook, then takes over `o`'s.
   attached_hook& operator=(attached_hook&& o) noexcept {
     if (this != &o) {
       reset();
@@ -57,6 +62,7 @@ class attached_hook {
     } catch (...) {  // a registry that fails to remove must not take the trainer down during cleanup
     }
   }
+  /// True while this object owns a hook that is still attached.
   [[nodiscard]] bool attached() const noexcept { return static_cast<bool>(remove_); }
 
  private:

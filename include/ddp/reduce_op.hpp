@@ -12,6 +12,7 @@ namespace ddp {
 /// toward zero (C++ integer division), so every rank gets the same bits.
 enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
 
+/// Lower-case name of `op` ("sum", "avg", ...), as used in error messages; "?" if out of range.
 [[nodiscard]] constexpr std::string_view name_of(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -23,6 +24,7 @@ enum class reduce_op : std::uint8_t { sum, avg, min, max, prod };
   return "?";
 }
 
+/// Writes `name_of(op)`.
 inline std::ostream& operator<<(std::ostream& os, reduce_op op) { return os << name_of(op); }
 
 }  // namespace ddp

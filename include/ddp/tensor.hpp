@@ -26,12 +26,14 @@ namespace ddp {
 
 /// Non-owning view of a tensor's memory (DLPack-shaped, without shape: the library only needs bytes).
 struct tensor_view {
-  void* data = nullptr;
+  void* data = nullptr;   ///< first element (host or device pointer, per `where`)
   std::size_t count = 0;  ///< number of elements
-  ddp::dtype type = dtype::f32;
-  ddp::device where = device::host();
+  ddp::dtype type = dtype::f32;        ///< element type
+  ddp::device where = device::host();  ///< memory `data` points into
 
+  /// Size of the viewed memory: `count * size_of(type)`.
   [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
+  /// `data` as a byte pointer, for offset arithmetic and memcpy.
   [[nodiscard]] std::byte* byte_data() const noexcept { return static_cast<std::byte*>(data); }
 
   /// Elements [offset, offset + n) of this view.
@@ -56,10 +58,14 @@ template <class R>
            element<std::ranges::range_value_t<R>> &&
            (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
 struct tensor_traits<R> {
-  using value_type = std::ranges::range_value_t<R>;
+  using value_type = std::ranges::range_value_t<R>;  ///< element type of the range
+  /// `std::ranges::data(r)`.
   static void* data(R& r) noexcept { return static_cast<void*>(std::ranges::data(r)); }
+  /// `std::ranges::size(r)`, in elements.
   static std::size_t size(const R& r) noexcept { return static_cast<std::size_t>(std::ranges::size(r)); }
+  /// The dtype of `value_type`.
   static ddp::dtype dtype(const R&) noexcept { return dtype_v<value_type>; }
+  /// Always host: a range's storage is host memory.
   static ddp::device device(const R&) noexcept { return device::host(); }
 };
 

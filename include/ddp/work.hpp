@@ -30,6 +30,8 @@
 
 namespace ddp {
 
+/// Clock of every deadline in the library: monotonic, so a wall-clock jump cannot fire or
+/// stretch a timeout.
 using clock = std::chrono::steady_clock;
 
 /// Default deadline of a blocking wait. Generous: it exists to turn a hang into an error.
@@ -37,14 +39,14 @@ inline constexpr std::chrono::milliseconds default_timeout{std::chrono::minutes(
 
 /// What an operation is: enough to name it in an error on any rank. Cheap to copy (no strings).
 struct op_info {
-  int rank = -1;
+  int rank = -1;          ///< rank that issued the operation
   const char* name = "";  ///< static string: "allreduce", "broadcast", ...
   std::uint64_t seq = 0;  ///< position in the communicator's sequence of collectives
-  ddp::dtype type = dtype::f32;
+  ddp::dtype type = dtype::f32;  ///< element type (of the call's first tensor)
   std::size_t count = 0;  ///< total elements over all tensors of the call
   int root = -1;          ///< broadcast root, or -1
-  reduce_op op = reduce_op::sum;
-  std::chrono::milliseconds timeout = default_timeout;
+  reduce_op op = reduce_op::sum;  ///< reduction of an allreduce / reduce_scatter
+  std::chrono::milliseconds timeout = default_timeout;  ///< deadline of `work::wait()`
 
   /// "allreduce #12 (sum, f32 x 1024)"
   [[nodiscard]] std::string describe() const {
@@ -63,6 +65,7 @@ struct op_info {
 /// Backend side of a work handle. Backends derive from it; users never see it.
 class work_state {
  public:
+  /// @param info  the operation, as named in errors and by `work::describe()`
   explicit work_state(op_info info) : info_(info) {}
   work_state(const work_state&) = delete;
   work_state& operator=(const work_state&) = delete;
@@ -93,6 +96,7 @@ class work_state {
   /// deliberately leaked whatever it may still write.
   virtual void abandon() noexcept {}
 
+  /// The operation this state runs.
   [[nodiscard]] const op_info& info() const noexcept { return info_; }
 
  private:
@@ -104,10 +108,13 @@ class [[nodiscard]] work {
  public:
   /// An empty handle is a completed no-op (the result of a collective that had nothing to do).
   work() = default;
+  /// Handle of a pending operation; backends call this with their `work_state`.
   explicit work(std::unique_ptr<work_state> state) : state_(std::move(state)) {}
 
+  /// Takes over the operation, its continuations and its error; `other` becomes empty.
   work(work&& other) noexcept
       : state_(std::move(other.state_)), then_(std::move(other.then_)), error_(std::move(other.error_)) {}
+  /// Abandons this handle's pending operation (as the destructor does), then takes over `other`'s.
   work& operator=(work&& other) noexcept {
     if (this != &other) {
       release();
@@ -192,6 +199,7 @@ class [[nodiscard]] work {
     }
     return *this;
   }
+  /// `then()` on a temporary: `comm.allreduce(...).then(fn)` yields the handle by rvalue.
   work&& then(std::function<void()> fn) && { return std::move(then(std::move(fn))); }
 
   /// One handle for many: completes when all have; fails with the first error.
