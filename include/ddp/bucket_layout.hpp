@@ -30,17 +30,20 @@ namespace ddp {
 struct gradient_info {
   std::size_t index = 0;  ///< registration index
   std::size_t count = 0;  ///< elements
-  ddp::dtype type = dtype::f32;
-  ddp::device where = device::host();
+  ddp::dtype type = dtype::f32;        ///< element type
+  ddp::device where = device::host();  ///< memory the gradient lives in
 
+  /// Size in bytes: `count * size_of(type)`.
   [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
 };
 
 /// Buckets in launch order; each lists gradient indices in storage order.
 struct bucket_layout {
-  std::vector<std::vector<std::size_t>> buckets;
+  std::vector<std::vector<std::size_t>> buckets;  ///< `buckets[b]`: gradient indices of bucket `b`
 
+  /// Same buckets in the same order, each with the same indices in the same order.
   friend bool operator==(const bucket_layout&, const bucket_layout&) = default;
+  /// Number of buckets.
   [[nodiscard]] std::size_t size() const noexcept { return buckets.size(); }
 };
 
@@ -50,6 +53,7 @@ enum class small_bucket : unsigned char {
   last,   ///< launched last: the tail of the backward pass waits for as little as possible
 };
 
+/// A layout policy: copyable, with `bucket_layout layout(std::span<const gradient_info>) const`.
 template <class P>
 concept bucketing_policy = std::copy_constructible<P> && requires(const P& p, std::span<const gradient_info> g) {
   { p.layout(g) } -> std::same_as<bucket_layout>;

@@ -37,6 +37,7 @@
 
 namespace ddp {
 
+/// Settings of a `JoinContext`.
 struct join_options {
   /// Off: notify() and finish() do nothing and communicate nothing.
   bool enable = true;
@@ -46,6 +47,7 @@ struct join_options {
   /// Forwarded to every joinable's hooks.
   join_hook_options hooks{};
 
+  /// Memberwise.
   friend bool operator==(const join_options&, const join_options&) = default;
 };
 
@@ -53,14 +55,22 @@ struct join_options {
 /// rank ran out of data.
 class early_termination : public error {
  public:
+  /// @param rank       rank that throws
+  /// @param iteration  join round in which some rank had run out of data
+  /// @param message    which ranks ran out
   early_termination(int rank, std::uint64_t iteration, const std::string& message)
       : error(rank, "JoinContext iteration " + std::to_string(iteration), message), iteration_(iteration) {}
+  /// Join round (`join_round::iteration`) in which every rank stopped.
   [[nodiscard]] std::uint64_t iteration() const noexcept { return iteration_; }
 
  private:
   std::uint64_t iteration_;
 };
 
+/// Runs the join protocol over one or more joinables (a Bucketer, a BufferReducer, ...) that
+/// share a communicator. One per training loop: training ranks call `notify()` each iteration,
+/// every rank calls `finish()` once when it runs out of data. Holds references to the
+/// joinables, which must outlive it.
 template <joinable... Joinables>
 class JoinContext {
   static_assert(sizeof...(Joinables) > 0, "JoinContext needs at least one joinable");
@@ -162,6 +172,7 @@ class JoinContext {
 
   /// Bookkeeping rounds so far (training iterations plus shadowed ones).
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_; }
+  /// The options the context was built with.
   [[nodiscard]] const join_options& options() const noexcept { return opts_; }
 
  private:
@@ -274,6 +285,7 @@ class JoinContext {
   bool failed_ = false;
 };
 
+/// Deduces the joinable types: `ddp::JoinContext join(opts, grads, buffers);`.
 template <class... J>
 JoinContext(join_options, J&...) -> JoinContext<J...>;
 

@@ -30,23 +30,25 @@ struct join_hook_options {
   /// false: it divides by the number of ranks still training.
   bool divide_by_initial_world_size = true;
 
+  /// Memberwise.
   friend bool operator==(const join_hook_options&, const join_hook_options&) = default;
 };
 
 /// Everything one join bookkeeping collective told every rank about one iteration.
 struct join_round {
   std::uint64_t iteration = 0;  ///< rounds since the context started
-  int world_size = 1;
+  int world_size = 1;           ///< size of the communicator
   int training = 1;             ///< ranks still training in this round
   std::vector<bool> is_training;  ///< per rank
   int authoritative_rank = 0;   ///< highest rank still training (-1 if none)
   int communicating = 0;        ///< training ranks that run the current joinable's collectives this round
-  join_hook_options options;
+  join_hook_options options;    ///< the context's `join_options::hooks`
 
   /// Divisor of an average over ranks in this round, per `options`.
   [[nodiscard]] int divisor() const noexcept {
     return options.divide_by_initial_world_size || training == 0 ? world_size : training;
   }
+  /// True if rank `r` is still training in this round (false for an out-of-range `r`).
   [[nodiscard]] bool training_rank(int r) const noexcept {
     return r >= 0 && static_cast<std::size_t>(r) < is_training.size() && is_training[static_cast<std::size_t>(r)];
   }
@@ -56,17 +58,20 @@ struct join_round {
 struct join_summary {
   bool is_last_joiner = true;   ///< this rank trained in the last round in which anyone trained
   int authoritative_rank = 0;   ///< highest of the last joiners: the rank whose state is final
-  int world_size = 1;
+  int world_size = 1;           ///< size of the communicator
   std::uint64_t rounds = 0;     ///< iterations in which at least one rank trained
-  join_hook_options options;
+  join_hook_options options;    ///< the context's `join_options::hooks`
 };
 
+/// The object a joinable's `join_hook()` returns: `main_hook(const join_round&)` and
+/// `post_hook(const join_summary&)` (see the file description).
 template <class H>
 concept join_hook = requires(H& h, const join_round& r, const join_summary& s) {
   h.main_hook(r);
   h.post_hook(s);
 };
 
+/// A class that can take part in a `JoinContext` (see the file description).
 template <class J>
 concept joinable = requires(J& j, const join_hook_options& o) {
   { j.join_hook(o) } -> join_hook;

@@ -13,18 +13,25 @@
 
 namespace ddp::bucketing {
 
+/// Policy that starts with `size_capped`'s layout and regroups once, with the same limits, in
+/// the observed ready order. Models `rebuilding_policy`.
 struct rebuild_once {
-  std::size_t cap_bytes = std::size_t{25} << 20;
-  std::size_t small_bucket_bytes = std::size_t{1} << 20;
-  small_bucket small_at = small_bucket::first;
+  std::size_t cap_bytes = std::size_t{25} << 20;          ///< as `size_capped::cap_bytes`
+  std::size_t small_bucket_bytes = std::size_t{1} << 20;  ///< as `size_capped::small_bucket_bytes`
+  small_bucket small_at = small_bucket::first;            ///< as `size_capped::small_at`
 
+  /// Initial layout: size-capped, in reverse registration order.
   [[nodiscard]] bucket_layout layout(std::span<const gradient_info> grads) const { return sizes().layout(grads); }
+  /// Layout for the rebuild: size-capped, in `ready_order` (rank 0's order of readiness, the
+  /// same on every rank).
   [[nodiscard]] bucket_layout rebuild(std::span<const gradient_info> grads,
                                       std::span<const std::size_t> ready_order) const {
     return sizes().layout_for_order(grads, ready_order);
   }
 
+  /// Memberwise.
   friend bool operator==(const rebuild_once&, const rebuild_once&) = default;
+  /// "rebuild_once{size_capped{...}}".
   friend std::ostream& operator<<(std::ostream& os, const rebuild_once& p) {
     return os << "rebuild_once{" << p.sizes() << "}";
   }

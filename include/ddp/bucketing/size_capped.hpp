@@ -14,6 +14,8 @@
 
 namespace ddp::bucketing {
 
+/// Policy: per (dtype, device), a bucket closes once it holds at least `cap_bytes`, except one
+/// small bucket of `small_bucket_bytes`, launched first or last per `small_at`. Never rebuilt.
 struct size_capped {
   std::size_t cap_bytes = std::size_t{25} << 20;         ///< PyTorch's bucket_cap_mb default
   std::size_t small_bucket_bytes = std::size_t{1} << 20;  ///< PyTorch's first-bucket default
@@ -33,13 +35,16 @@ struct size_capped {
     return l;
   }
 
+  /// Layout for the reverse registration order.
   [[nodiscard]] bucket_layout layout(std::span<const gradient_info> grads) const {
     std::vector<std::size_t> order(grads.size());
     std::iota(order.rbegin(), order.rend(), std::size_t{0});  // reverse registration order
     return layout_for_order(grads, order);
   }
 
+  /// Memberwise.
   friend bool operator==(const size_capped&, const size_capped&) = default;
+  /// "size_capped{cap_bytes=..., small_bucket_bytes=..., small_at=first|last}".
   friend std::ostream& operator<<(std::ostream& os, const size_capped& p) {
     return os << "size_capped{cap_bytes=" << p.cap_bytes << ", small_bucket_bytes=" << p.small_bucket_bytes
               << ", small_at=" << (p.small_at == small_bucket::first ? "first" : "last") << "}";

@@ -11,7 +11,11 @@
 
 namespace ddp::hooks {
 
+/// The Bucketer's default `comm_hook` (stateless, copyable).
 struct allreduce_average {
+  /// Averages `b.data` over `b.divisor` ranks in place. When the divisor is the communicator size
+  /// (and the bucket is not f16), this is a single `reduce_op::avg` allreduce; otherwise a sum
+  /// allreduce with the division as a continuation (before the sum, for f16).
   work operator()(grad_bucket& b) const {
     const tensor_view data = b.data;
     const int divisor = b.divisor;
