@@ -63,13 +63,14 @@ struct bucketer_options {
   /// for backends that progress on their own.
   bool progress_on_mark_ready = true;
 
+  /// Memberwise.
   friend bool operator==(const bucketer_options&, const bucketer_options&) = default;
 };
 
 /// What one bucket did in the last synchronised iteration.
 struct bucket_stats {
-  std::size_t bytes = 0;
-  std::size_t gradients = 0;
+  std::size_t bytes = 0;      ///< size of the bucket's storage
+  std::size_t gradients = 0;  ///< gradients grouped in the bucket
   double launched_ms = -1;   ///< since the iteration's first mark_ready (-1: never)
   double completed_ms = -1;  ///< when completion was first observed
 };
@@ -77,7 +78,7 @@ struct bucket_stats {
 /// What the last synchronised iteration did: read it to see whether communication is hidden.
 struct step_stats {
   std::uint64_t iteration = 0;     ///< synchronised iterations so far (including this one)
-  std::vector<bucket_stats> buckets;
+  std::vector<bucket_stats> buckets;  ///< per bucket, in launch order
   double backward_ms = 0;          ///< first mark_ready to the finalize() call
   double finalize_wait_ms = 0;     ///< time finalize() spent waiting for collectives
   std::size_t collectives = 0;     ///< hook launches plus the Bucketer's own collectives
@@ -85,13 +86,17 @@ struct step_stats {
   bool rebuilt = false;            ///< the layout was rebuilt at the end of this iteration
 };
 
+/// Averages a fixed set of registered gradients across the ranks of a communicator, bucket by
+/// bucket, while the backward pass runs (see the file description). Neither copyable nor
+/// movable: attached hooks and zero-copy gradient views point into it. Models `joinable`.
 template <bucketing_policy Policy = bucketing::size_capped>
 class Bucketer {
  public:
-  using policy_type = Policy;
+  using policy_type = Policy;  ///< the layout policy
 
-  /// @param comm    communicator for all of this Bucketer's collectives (must outlive it)
-  /// @param policy  layout policy (its knobs: `{.cap_bytes = 50 << 20}`)
+  /// @param comm     communicator for all of this Bucketer's collectives (must outlive it)
+  /// @param policy   layout policy (its knobs: `{.cap_bytes = 50 << 20}`)
+  /// @param options  behaviour that is not about the layout
   explicit Bucketer(communicator_ref comm, Policy policy = {}, bucketer_options options = {})
       : comm_(comm), policy_(std::move(policy)), opts_(options), divisor_(comm.size()) {}
 
@@ -108,6 +113,8 @@ class Bucketer {
   std::size_t add(G& gradient) {
     return add_entry(std::nullopt, view(gradient));
   }
+  /// Registers a gradient given as a view; returns its index. Before `build()` only.
+  /// @throws usage_error after `build()`, for non-host memory, or for memory already registered
   std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient); }
 
   /// Registers a parameter with its gradient. The parameter is only used when joining ranks
@@ -116,6 +123,8 @@ class Bucketer {
   std::size_t add(P& parameter, G& gradient) {
     return add(view(parameter), view(gradient));
   }
+  /// Registers a parameter with its gradient, given as views; returns the gradient's index.
+  /// @throws usage_error if the two differ in element count or dtype, or as `add(tensor_view)`
   std::size_t add(tensor_view parameter, tensor_view gradient) {
     if (parameter.count != gradient.count || parameter.type != gradient.type) {
       throw usage_error(comm_.rank(), "Bucketer::add",
@@ -149,6 +158,7 @@ class Bucketer {
   }
   /// Removes every attached hook now.
   void detach() noexcept { attached_.clear(); }
+  /// Number of hooks currently attached by `attach()`.
   [[nodiscard]] std::size_t attached_hooks() const noexcept { return attached_.size(); }
 
   /// Computes the layout, allocates buckets and (with `check_layout`) verifies that every rank
@@ -212,7 +222,10 @@ class Bucketer {
     std::unique_lock lk(mutex_);
     reset_on_exit guard{this};
     current_.backward_ms = started_ ? ms_between(iteration_start_, called) : 0.0;
-    if (!started_) iteration_start_ = called;
+    if (!started_) {  // nothing was marked (every gradient unused): the iteration starts here
+      iteration_start_ = called;
+      divisor_ = notified_divisor_ > 0 ? notified_divisor_ : comm_.size();
+    }
 
     std::vector<std::size_t> unmarked;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -238,6 +251,7 @@ class Bucketer {
   /// synchronised iteration averages the accumulated gradients.
   class [[nodiscard]] no_sync_scope {
    public:
+    /// Enters the scope on `b`; prefer `Bucketer::no_sync()`, which also checks the iteration.
     explicit no_sync_scope(Bucketer& b) : b_(&b) { b_->no_sync_ = true; }
     no_sync_scope(const no_sync_scope&) = delete;
     no_sync_scope& operator=(const no_sync_scope&) = delete;
@@ -246,6 +260,8 @@ class Bucketer {
    private:
     Bucketer* b_;
   };
+  /// Enters a no-sync scope: until it ends, `mark_ready` and `finalize` communicate nothing.
+  /// @throws usage_error in the middle of an iteration (after a `mark_ready`)
   no_sync_scope no_sync() {
     if (started_) {
       throw usage_error(comm_.rank(), "Bucketer::no_sync",
@@ -253,6 +269,7 @@ class Bucketer {
     }
     return no_sync_scope(*this);
   }
+  /// False inside a no-sync scope.
   [[nodiscard]] bool syncing() const noexcept { return !no_sync_; }
 
   // ---- zero-copy access ----------------------------------------------------------------------
@@ -262,6 +279,8 @@ class Bucketer {
     if (!built_) build();
     return slot(entries_.at(i));
   }
+  /// Typed `gradient_view(i)`.
+  /// @throws usage_error if gradient `i` is not of dtype `dtype_v<T>`
   template <element T>
   [[nodiscard]] std::span<T> gradient(std::size_t i) {
     const tensor_view v = gradient_view(i);
@@ -275,32 +294,50 @@ class Bucketer {
 
   // ---- introspection -------------------------------------------------------------------------
 
+  /// Number of registered gradients.
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  /// Layout in use (empty before `build()`; changes once with a rebuilding policy).
   [[nodiscard]] const bucket_layout& layout() const noexcept { return layout_; }
+  /// Fingerprint of the registered gradients and the layout, the value `check_layout` compares
+  /// across ranks (0 before `build()`).
   [[nodiscard]] std::uint64_t layout_fingerprint() const noexcept { return fingerprint_; }
+  /// Statistics of the last completed iteration (synchronised or shadowed).
   [[nodiscard]] const step_stats& last_step() const noexcept { return stats_; }
+  /// The layout policy.
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  /// The options.
   [[nodiscard]] const bucketer_options& options() const noexcept { return opts_; }
+  /// Communicator of every collective of this Bucketer.
   [[nodiscard]] communicator_ref communicator() const noexcept { return comm_; }
 
   // ---- joinable (see joinable.hpp) -----------------------------------------------------------
 
+  /// Same as `communicator()`: the join bookkeeping runs there.
   [[nodiscard]] communicator_ref join_communicator() const noexcept { return comm_; }
+  /// False inside a no-sync scope: this iteration launches no bucket collectives.
   [[nodiscard]] bool join_will_communicate() const noexcept { return !no_sync_; }
-  void join_notified(const join_round& round) noexcept { divisor_ = round.divisor(); }
+  /// Uses the round's divisor (`join_round::divisor()`) for this iteration's average, so that
+  /// averages stay correct once some ranks have joined.
+  void join_notified(const join_round& round) noexcept { notified_divisor_ = round.divisor(); }
 
   /// Join hook: the main hook mirrors one synchronised iteration with zero gradients (same hook,
   /// same buckets, same order); the post hook broadcasts the registered parameters from the
   /// authoritative rank so that every rank ends with the same model.
   class join_hook_type {
    public:
+    /// Hook of Bucketer `b`, which must outlive it.
     explicit join_hook_type(Bucketer& b) : b_(&b) {}
+    /// Runs one shadow iteration: every bucket zeroed and passed to the comm hook with
+    /// `shadow = true`, plus the used-gradient map and a pending rebuild, so this rank issues
+    /// the same collectives as the training ranks.
     void main_hook(const join_round& round) { b_->shadow_iteration(round); }
+    /// `broadcast_parameters(summary.authoritative_rank)`.
     void post_hook(const join_summary& summary) { b_->broadcast_parameters(summary.authoritative_rank); }
 
    private:
     Bucketer* b_;
   };
+  /// The join hook of this Bucketer (the options are read from each `join_round` instead).
   [[nodiscard]] join_hook_type join_hook(const join_hook_options&) { return join_hook_type(*this); }
 
   /// Broadcasts every registered parameter from `root` (one coalesced collective). Collective.
@@ -451,6 +488,9 @@ class Bucketer {
     std::lock_guard lk(mutex_);
     if (started_.load()) return;
     iteration_start_ = clock::now();  // read under the mutex only
+    // The divisor is fixed when the iteration starts: the communicator's size now (a Manager's
+    // quorum may have changed since the last step), or what the join bookkeeping said.
+    divisor_ = notified_divisor_ > 0 ? notified_divisor_ : comm_.size();
     started_.store(true, std::memory_order_release);
   }
 
@@ -668,6 +708,7 @@ class Bucketer {
     started_ = false;
     shadowing_ = false;
     divisor_ = comm_.size();
+    notified_divisor_ = 0;
     ready_seen_ = 0;
     current_ = step_stats{};
     current_.buckets.resize(buckets_.size());
@@ -701,7 +742,8 @@ class Bucketer {
   std::atomic<bool> started_{false};
   bool no_sync_ = false;
   bool shadowing_ = false;
-  int divisor_;
+  int divisor_;                // of the running iteration
+  int notified_divisor_ = 0;   // from join_notified() for the next iteration (0: none)
   std::size_t next_launch_ = 0;
   std::size_t next_complete_ = 0;
   clock::time_point iteration_start_{};
