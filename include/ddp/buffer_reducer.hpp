@@ -69,7 +69,9 @@ struct buffer_reducer_options {
   /// the others (PyTorch issue #30718). 1: every call. Must be the same on every rank.
   std::uint64_t period = 1;
 
+  /// Memberwise.
   friend bool operator==(const buffer_reducer_options&, const buffer_reducer_options&) = default;
+  /// "{period=N}".
   friend std::ostream& operator<<(std::ostream& os, const buffer_reducer_options& o) {
     return os << "{period=" << o.period << "}";
   }
@@ -88,7 +90,9 @@ struct buffer_reducer_stats {
   std::uint64_t bytes_communicated = 0;   ///< bytes handed to those collectives
   std::uint64_t bytes_copied = 0;         ///< bytes the copy path packed and unpacked (0 on the view path)
 
+  /// Memberwise.
   friend bool operator==(const buffer_reducer_stats&, const buffer_reducer_stats&) = default;
+  /// Every field, as "{buffers=..., groups=..., ...}".
   friend std::ostream& operator<<(std::ostream& os, const buffer_reducer_stats& s) {
     return os << "{buffers=" << s.buffers << ", groups=" << s.groups << ", collectives_per_sync=" << s.collectives_per_sync
               << ", syncs=" << s.syncs << ", communicating_syncs=" << s.communicating_syncs
@@ -102,14 +106,15 @@ struct buffer_reducer_stats {
 template <element T>
 struct buffer_handle {
   std::size_t index = 0;  ///< registration index
+  /// Same registration index.
   friend bool operator==(const buffer_handle&, const buffer_handle&) = default;
 };
 
 /// One group of a built reducer, for introspection and logs.
 struct buffer_group_info {
   std::string strategy;              ///< the strategy's name()
-  ddp::dtype type = dtype::f32;
-  ddp::device where = device::host();
+  ddp::dtype type = dtype::f32;        ///< dtype of every buffer of the group
+  ddp::device where = device::host();  ///< device of every buffer of the group
   std::vector<std::size_t> buffers;  ///< registration indices
   std::size_t count = 0;             ///< elements over the group
   bool flat = false;                 ///< the collective runs on the reducer's flat storage
@@ -547,6 +552,7 @@ inline constexpr bool always_false = false;
 /// stays valid if the reducer object is moved.
 class buffer_reducer_join_hook {
  public:
+  /// Made by `BufferReducer::join_hook()` with the reducer's shared state.
   explicit buffer_reducer_join_hook(std::shared_ptr<detail::buffer_reducer_state> state) : state_(std::move(state)) {}
 
   /// On a rank that ran out of data, once per round in which the training ranks' `sync()`
@@ -572,17 +578,20 @@ class buffer_reducer_join_hook {
 template <buffer_strategy Strategy = strategies::broadcast>
 class BufferReducer {
  public:
-  using strategy_type = Strategy;
-  using join_hook_type = buffer_reducer_join_hook;
+  using strategy_type = Strategy;                   ///< the default strategy's type
+  using join_hook_type = buffer_reducer_join_hook;  ///< what `join_hook()` returns
 
   /// @param comm              the communicator; must outlive the reducer and its pending work
   /// @param default_strategy  the strategy of buffers added without one
+  /// @param options           the sync period
   /// @throws usage_error if `options.period` is 0
   explicit BufferReducer(communicator_ref comm, Strategy default_strategy = Strategy{},
                          buffer_reducer_options options = {})
       : default_(std::move(default_strategy)),
         state_(std::make_shared<detail::buffer_reducer_state>(comm, options)) {}
 
+  /// With a default-constructed default strategy.
+  /// @throws usage_error if `options.period` is 0
   BufferReducer(communicator_ref comm, buffer_reducer_options options)
     requires std::default_initializable<Strategy>
       : BufferReducer(comm, Strategy{}, options) {}
@@ -590,6 +599,8 @@ class BufferReducer {
   /// Moving keeps pending work valid (the state is shared with it); a moved-from reducer may only
   /// be destroyed or assigned to.
   BufferReducer(BufferReducer&&) noexcept = default;
+  /// As the move constructor; the reducer assigned to drops its state (pending work of its own
+  /// keeps that state alive until done or destroyed).
   BufferReducer& operator=(BufferReducer&&) noexcept = default;
   BufferReducer(const BufferReducer&) = delete;
   BufferReducer& operator=(const BufferReducer&) = delete;
@@ -674,6 +685,7 @@ class BufferReducer {
   /// builds if this was not called. Calling it again does nothing.
   /// @throws usage_error on every rank if ranks disagree, naming the first differing buffer and rank
   void build() { state_->build(); }
+  /// True once built (explicitly or by the first sync / join hook).
   [[nodiscard]] bool built() const noexcept { return state_->built(); }
 
   // ---- synchronisation ------------------------------------------------------------------------
@@ -696,6 +708,7 @@ class BufferReducer {
 
   /// A hook that mirrors this reducer's syncs on a rank that ran out of data.
   [[nodiscard]] join_hook_type join_hook(const join_hook_options& = {}) const { return join_hook_type(state_); }
+  /// Same as `communicator()`: the join bookkeeping runs there.
   [[nodiscard]] communicator_ref join_communicator() const noexcept { return state_->comm(); }
   /// Whether the next `sync()` communicates (asked by the JoinContext at `notify()`).
   [[nodiscard]] bool join_will_communicate() const noexcept { return will_communicate(); }
@@ -705,9 +718,13 @@ class BufferReducer {
 
   // ---- introspection ----------------------------------------------------------------------------
 
+  /// What the reducer did so far.
   [[nodiscard]] const buffer_reducer_stats& stats() const noexcept { return state_->stats(); }
+  /// The options.
   [[nodiscard]] const buffer_reducer_options& options() const noexcept { return state_->options(); }
+  /// The strategy of buffers added without one.
   [[nodiscard]] const Strategy& default_strategy() const noexcept { return default_; }
+  /// Communicator of every collective of this reducer.
   [[nodiscard]] communicator_ref communicator() const noexcept { return state_->comm(); }
   /// Registered buffers.
   [[nodiscard]] std::size_t size() const noexcept { return state_->size(); }

@@ -33,8 +33,12 @@ namespace ddp::strategies {
 /// One allreduce with `Op` per group and sync.
 template <reduce_op Op>
 struct allreduce {
-  static constexpr reduce_op op = Op;
+  static constexpr reduce_op op = Op;  ///< the reduction
 
+  /// Allreduces the group with `Op`, after filling it with `Op`'s identity on a joined rank. A
+  /// mean over fewer ranks than the communicator's size (a join round that divides by the ranks
+  /// still training) is a sum and a division instead, in host memory only.
+  /// @throws usage_error if that division or a joined rank's identity needs device memory
   [[nodiscard]] work sync(const buffer_group& g) const {
     if (g.joined) fill_identity(g);
     const int size = g.comm.size();
@@ -57,12 +61,15 @@ struct allreduce {
     return w;
   }
 
+  /// "allreduce(sum)", "allreduce(avg)", ...
   [[nodiscard]] std::string name() const { return "allreduce(" + std::string(name_of(Op)) + ")"; }
 
   /// A joined rank overwrites its values with the identity: nothing to pack.
   [[nodiscard]] bool reads_local_data(const buffer_group& g) const noexcept { return !g.joined; }
 
+  /// Always true: the type fixes everything.
   friend bool operator==(const allreduce&, const allreduce&) = default;
+  /// Writes `name()`.
   friend std::ostream& operator<<(std::ostream& os, const allreduce& a) { return os << a.name(); }
 
  private:

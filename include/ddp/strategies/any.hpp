@@ -29,10 +29,15 @@ class any {
   any(S s)  // NOLINT(google-explicit-constructor): any strategy converts, like std::function
       : impl_(std::make_shared<const model<S>>(std::move(s))) {}
 
+  /// The held strategy's `sync(g)`.
   [[nodiscard]] work sync(const buffer_group& g) const { return impl_->sync(g); }
+  /// The held strategy's `name()`.
   [[nodiscard]] std::string name() const { return impl_->name(); }
+  /// The held strategy's `communicates()`, or true if it has none.
   [[nodiscard]] bool communicates() const { return impl_->communicates(); }
+  /// The held strategy's `reads_local_data(g)`, or true if it has none.
   [[nodiscard]] bool reads_local_data(const buffer_group& g) const { return impl_->reads_local_data(g); }
+  /// The held strategy's `writes_local_data(g)`, or true if it has none.
   [[nodiscard]] bool writes_local_data(const buffer_group& g) const { return impl_->writes_local_data(g); }
 
   /// The held strategy if it is an `S`, else null (like `std::function::target`).
@@ -41,7 +46,9 @@ class any {
     return impl_->tag() == &model<S>::tag_ ? &static_cast<const model<S>&>(*impl_).strategy : nullptr;
   }
 
+  /// Same held object (copies of one `any`), or held strategies of the same type that compare equal.
   friend bool operator==(const any& a, const any& b) { return a.impl_.get() == b.impl_.get() || a.impl_->equals(*b.impl_); }
+  /// Writes `name()`.
   friend std::ostream& operator<<(std::ostream& os, const any& a) { return os << a.name(); }
 
  private:

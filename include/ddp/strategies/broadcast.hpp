@@ -32,6 +32,7 @@ struct broadcast {
   /// @throws usage_error (from the communicator) if the root is not a rank of it
   [[nodiscard]] work sync(const buffer_group& g) const { return g.comm.broadcast(g.tensors, effective_root(g)); }
 
+  /// "broadcast(root=N)".
   [[nodiscard]] std::string name() const { return "broadcast(root=" + std::to_string(root) + ")"; }
 
   /// Only the root's values travel: receivers need not pack their buffers.
@@ -39,7 +40,9 @@ struct broadcast {
   /// The root's buffers do not change: it need not unpack.
   [[nodiscard]] bool writes_local_data(const buffer_group& g) const { return g.comm.rank() != effective_root(g); }
 
+  /// Same root.
   friend bool operator==(const broadcast&, const broadcast&) = default;
+  /// Writes `name()`.
   friend std::ostream& operator<<(std::ostream& os, const broadcast& b) { return os << b.name(); }
 };
 

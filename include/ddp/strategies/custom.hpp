@@ -91,6 +91,7 @@ class custom {
     }
   }
 
+  /// The label given at construction.
   [[nodiscard]] std::string name() const { return label_; }
 
   /// The callable (for tests and introspection).
@@ -98,6 +99,7 @@ class custom {
 
   /// Copies of one object are equal: they share the callable.
   friend bool operator==(const custom& a, const custom& b) noexcept { return a.fn_ == b.fn_; }
+  /// Writes the label.
   friend std::ostream& operator<<(std::ostream& os, const custom& c) { return os << c.label_; }
 
  private:
@@ -126,8 +128,10 @@ class custom {
   std::string label_;
 };
 
+/// Deduces the callable's type: `strategies::custom(my_lambda)`.
 template <class F>
 custom(F) -> custom<F>;
+/// Deduces the callable's type: `strategies::custom(my_lambda, "my label")`.
 template <class F>
 custom(F, std::string) -> custom<F>;
 
