@@ -41,6 +41,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -74,7 +75,7 @@ struct manager_options {
   /// `should_commit()` throws after this many consecutive failed steps.
   int max_consecutive_failures = 20;
   /// Healing broadcasts state in chunks of this size.
-  std::size_t heal_chunk_bytes = std::size_t{4} << 20;
+  std::size_t heal_chunk_bytes = std::size_t{16} << 20;
   /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
   /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
   bool healed_replicas_participate = true;
@@ -83,8 +84,8 @@ struct manager_options {
 /// A quorum as the communicator factory sees it.
 struct quorum_info {
   std::uint64_t generation = 0;       ///< increases with every quorum change
-  int rank = 0;
-  int size = 1;
+  int rank = 0;                       ///< this replica's rank in the quorum
+  int size = 1;                       ///< members of the quorum
   std::vector<std::string> members;   ///< replica ids in rank order
   store_ref store;                    ///< namespace reserved for this generation's rendezvous
 };
@@ -95,19 +96,22 @@ using communicator_factory = std::function<any_communicator(const quorum_info&)>
 
 /// What happened, for logs: quorum changes, discarded steps, healing.
 struct manager_event {
+  /// `quorum`: a new quorum formed; `healed`: this replica received state; `sent_state`: it
+  /// sent state to recovering replicas; `discarded`: a step did not commit; `error`: a
+  /// collective's error was captured.
   enum class kind : unsigned char { quorum, healed, sent_state, discarded, error };
-  kind what = kind::quorum;
-  std::int64_t step = 0;
-  std::string text;
+  kind what = kind::quorum;  ///< kind of event
+  std::int64_t step = 0;     ///< committed steps when it happened
+  std::string text;          ///< human-readable details
 };
 
 /// Counters a trainer can print.
 struct manager_stats {
   std::uint64_t quorums = 0;         ///< quorum changes (communicators built)
-  std::uint64_t commits = 0;
+  std::uint64_t commits = 0;         ///< steps that committed
   std::uint64_t discarded = 0;       ///< steps that did not commit
   std::uint64_t heals = 0;           ///< times this replica received state
-  std::uint64_t healed_bytes = 0;
+  std::uint64_t healed_bytes = 0;    ///< state bytes received, over all heals
   double heal_ms = 0;                ///< time spent in the last healing transfer
 };
 
@@ -117,11 +121,16 @@ class manager_error : public communication_error {
   using communication_error::communication_error;
 };
 
+/// One replica's side of the fault-tolerance protocol (see the file description). Models
+/// `communicator`: collectives issued through it go to the current quorum's communicator and
+/// never throw; their errors fail the step instead. Neither copyable nor movable.
 class Manager {
  public:
   /// @param store    shared by every replica of the job (give each job its own prefix)
   /// @param factory  builds the communicator for each quorum
   /// @param state    what a recovering replica receives (must outlive the Manager)
+  /// @param options  the protocol's knobs; `replica_id` must be set
+  /// @throws usage_error if `replica_id` is not a valid key or `min_replicas` is below 1
   template <store Store, transferable_state State>
   Manager(Store& store, communicator_factory factory, State& state, manager_options options)
       : store_(store),
@@ -194,7 +203,10 @@ class Manager {
   }
 
   /// Comm hook for a Bucketer over this Manager: averages over the participants of the step
-  /// (a healing non-participant contributes zeros).
+  /// (a healing non-participant contributes zeros). Needed only with
+  /// `healed_replicas_participate = false`: otherwise every member participates, and a Bucketer's
+  /// default averaging (by the communicator's size, i.e. the quorum's, read at the start of each
+  /// iteration) is the same and cheaper (it divides during the copy into the bucket).
   [[nodiscard]] comm_hook gradient_hook() {
     return [this](grad_bucket& b) -> work {
       const tensor_view data = b.data;
@@ -214,20 +226,30 @@ class Manager {
 
   // ---- communicator concept: forwards to the current quorum, capturing errors ------------------
 
+  /// This replica's rank in the current quorum.
   [[nodiscard]] int rank() const { return rank_; }
+  /// Members of the current quorum.
   [[nodiscard]] int size() const { return size_; }
+  /// Issues the collective on the current quorum's communicator. Never throws: an error, when
+  /// issuing or completing, is captured (the step fails, the communicator is aborted so peers
+  /// fail fast) and the returned work completes normally. Once the step failed, or without a
+  /// quorum, returns a completed work and communicates nothing.
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     return forward([&] { return comm_.allreduce(ts, op); }, "allreduce");
   }
+  /// @copydoc allreduce
   work broadcast(std::span<const tensor_view> ts, int root) {
     return forward([&] { return comm_.broadcast(ts, root); }, "broadcast");
   }
+  /// @copydoc allreduce
   work allgather(tensor_view in, tensor_view out) {
     return forward([&] { return comm_.allgather(in, out); }, "allgather");
   }
+  /// @copydoc allreduce
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     return forward([&] { return comm_.reduce_scatter(in, out, op); }, "reduce_scatter");
   }
+  /// @copydoc allreduce
   work barrier() {
     return forward([&] { return comm_.barrier(); }, "barrier");
   }
@@ -241,21 +263,28 @@ class Manager {
 
   /// Committed steps.
   [[nodiscard]] std::int64_t step() const noexcept { return step_; }
+  /// Generation of the current quorum (`quorum_info::generation`).
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  /// Replica ids of the current quorum, in rank order.
   [[nodiscard]] const std::vector<std::string>& members() const noexcept { return members_; }
   /// Members whose gradients count in this step.
   [[nodiscard]] int participants() const noexcept { return participants_; }
+  /// False while this replica, healed in this step's `start_quorum()` with
+  /// `healed_replicas_participate = false`, contributes zeros.
   [[nodiscard]] bool participating() const noexcept { return participating_; }
   /// True once an error was captured in this step.
   [[nodiscard]] bool failed() const {
     std::lock_guard lk(error_mutex_);
     return error_ != nullptr;
   }
+  /// The first error captured in this step, or null.
   [[nodiscard]] std::exception_ptr error() const {
     std::lock_guard lk(error_mutex_);
     return error_;
   }
+  /// Counters since construction.
   [[nodiscard]] const manager_stats& stats() const noexcept { return stats_; }
+  /// The options.
   [[nodiscard]] const manager_options& options() const noexcept { return opts_; }
 
  private:
@@ -525,15 +554,27 @@ class Manager {
     std::size_t moved = 0;
     // Chunk k of the concatenated state comes from sources[k % sources]: the sending load is
     // spread. Up-to-date members receive bytes identical to their own.
+    // All chunks are in flight at once; waiting drives them together.
+    std::vector<work> transfers;
     for (const auto& t : tensors_()) {
       const std::size_t elem = size_of(t.type);
       const std::size_t per_chunk = std::max<std::size_t>(1, opts_.heal_chunk_bytes / elem);
       for (std::size_t off = 0; off < t.count; off += per_chunk) {
         const tensor_view chunk = t.slice(off, std::min(per_chunk, t.count - off));
         const int root = sources[chunk_index++ % sources.size()];
-        comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root).wait();
+        transfers.push_back(comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root));
         moved += chunk.bytes();
       }
+    }
+    const auto deadline = clock::now() + (transfers.empty() ? std::chrono::milliseconds(0) : transfers.front().timeout());
+    for (bool all_done = false; !all_done;) {
+      all_done = true;
+      for (auto& w : transfers) all_done = w.test() && all_done;
+      if (all_done) break;
+      if (clock::now() >= deadline) {
+        for (auto& w : transfers) w.wait_for(std::chrono::milliseconds(0));  // throws timeout_error naming it
+      }
+      std::this_thread::yield();
     }
     const auto sc = scalars_();
     std::vector<std::int64_t> scalars(sc.begin(), sc.end());
