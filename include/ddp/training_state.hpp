@@ -34,6 +34,8 @@ class training_state {
   training_state& add(T& t) {
     return add(view(t));
   }
+  /// Registers a tensor given as a view; returns `*this` so calls chain.
+  /// @throws usage_error if `v` is not in host memory
   training_state& add(tensor_view v) {
     if (!v.where.is_host()) {
       throw usage_error(-1, "training_state::add", "tensor " + std::to_string(tensors_.size()) + " is on " +
@@ -48,9 +50,13 @@ class training_state {
     scalars_.push_back(initial);
     return scalars_.size() - 1;
   }
+  /// Scalar `i` (the index `add_scalar` returned), for reading and writing.
+  /// @throws std::out_of_range for an index never returned by `add_scalar`
   [[nodiscard]] std::int64_t& scalar(std::size_t i) { return scalars_.at(i); }
 
+  /// The registered tensors, in registration order (`transferable_state`).
   [[nodiscard]] std::span<const tensor_view> state_tensors() const noexcept { return tensors_; }
+  /// The scalars, in registration order (`transferable_state`); healing overwrites them.
   [[nodiscard]] std::span<std::int64_t> state_scalars() noexcept { return scalars_; }
 
  private:

@@ -20,12 +20,17 @@
 
 namespace ddp::stores {
 
+/// A `store` in this process's memory, shared by reference between threads (thread-safe).
+/// Neither copyable nor movable.
 class memory_store {
  public:
+  /// @param max_value_bytes  largest value `set` accepts
   explicit memory_store(std::size_t max_value_bytes = default_max_value_bytes) : limit_(max_value_bytes) {}
   memory_store(const memory_store&) = delete;
   memory_store& operator=(const memory_store&) = delete;
 
+  /// Replaces the value of `key` and wakes every `wait`.
+  /// @throws usage_error for an invalid key or a value over the limit
   void set(std::string_view key, std::span<const std::byte> value) {
     detail::check_key(key, "memory_store set");
     detail::check_value_size(key, value.size(), limit_);
@@ -34,6 +39,7 @@ class memory_store {
     cv_.notify_all();
   }
 
+  /// The value of `key`, or nothing if it is not set. Never blocks.
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "memory_store get");
     std::lock_guard lk(m_);
@@ -42,6 +48,8 @@ class memory_store {
     return it->second;
   }
 
+  /// Returns once every key is set.
+  /// @throws timeout_error naming the keys still missing after `timeout`
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
     for (const auto& k : keys) detail::check_key(k, "memory_store wait");
     std::unique_lock lk(m_);
@@ -61,12 +69,14 @@ class memory_store {
     }
   }
 
+  /// Adds `delta` to the counter `key` (created at 0); returns the new value.
   std::int64_t add(std::string_view key, std::int64_t delta) {
     detail::check_key(key, "memory_store add");
     std::lock_guard lk(m_);
     return counters_[std::string(key)] += delta;
   }
 
+  /// Removes every value and counter whose key starts with `prefix`; returns how many.
   std::size_t erase_prefix(std::string_view prefix) {
     std::lock_guard lk(m_);
     std::size_t n = 0;
