@@ -33,26 +33,31 @@ namespace ddp::local {
 /// A fault injected into one rank at its `at_op`-th collective (counting from 0 on that
 /// communicator).
 struct fault {
+  /// What happens to the rank.
   enum class kind : unsigned char {
     fail,   ///< the rank's call throws; peers' pending and later calls fail with communication_error
     delay,  ///< the rank sleeps `delay` before issuing the call
     leave,  ///< the rank's call throws `rank_left`; peers are not told (they time out)
   };
-  kind what = kind::fail;
-  int rank = 0;
-  std::uint64_t at_op = 0;
-  std::chrono::milliseconds delay{0};
+  kind what = kind::fail;              ///< what happens
+  int rank = 0;                        ///< the rank it happens to
+  std::uint64_t at_op = 0;             ///< index of the collective it happens at
+  std::chrono::milliseconds delay{0};  ///< sleep of a `kind::delay` fault
 
+  /// Rank `rank` fails at its collective number `op`.
   [[nodiscard]] static fault fail_at(int rank, std::uint64_t op) { return {kind::fail, rank, op, {}}; }
+  /// Rank `rank` sleeps `d` before issuing its collective number `op`.
   [[nodiscard]] static fault delay_at(int rank, std::uint64_t op, std::chrono::milliseconds d) {
     return {kind::delay, rank, op, d};
   }
+  /// Rank `rank` leaves (throws `rank_left`) at its collective number `op`.
   [[nodiscard]] static fault leave_at(int rank, std::uint64_t op) { return {kind::leave, rank, op, {}}; }
 };
 
+/// Settings of a local communicator group.
 struct options {
   std::chrono::milliseconds timeout = default_timeout;  ///< deadline of every blocking wait
-  std::vector<fault> faults;
+  std::vector<fault> faults;  ///< faults to inject (none by default)
 };
 
 /// Thrown on a rank that leaves by fault injection; `local::run` treats it as a normal exit.
@@ -290,17 +295,29 @@ class local_work final : public work_state {
 /// though several threads of that rank may issue calls if they agree on the order.
 class communicator {
  public:
+  /// Rank `rank` of group `g`; made by `world::rank` and `fabric::connect`.
   communicator(std::shared_ptr<detail::group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  /// Takes over the handle; the source may only be destroyed or assigned to.
   communicator(communicator&&) noexcept = default;
+  /// Takes over the handle (the replaced one is dropped, not aborted).
   communicator& operator=(communicator&&) noexcept = default;
 
+  /// This rank.
   [[nodiscard]] int rank() const { return rank_; }
+  /// Ranks in the group.
   [[nodiscard]] int size() const { return g_->size; }
+  /// Deadline of every blocking wait (`options::timeout`).
   [[nodiscard]] std::chrono::milliseconds timeout() const { return g_->opts.timeout; }
 
+  /// Collective as in the `communicator` contract (communicator.hpp). Host memory only; the rank
+  /// that arrives last runs it for all after checking that every rank issued the same call.
+  /// @throws usage_error for device memory, a null data pointer, or use after `abort()`; errors
+  ///   of the collective (mismatch, peer gone, timeout) come from the returned work
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     return issue(detail::op_kind::allreduce, "allreduce", {ts.begin(), ts.end()}, op, -1);
   }
+  /// @copydoc allreduce
+  /// Also throws `usage_error` if `root` is not a rank of the group.
   work broadcast(std::span<const tensor_view> ts, int root) {
     if (root < 0 || root >= size()) {
       throw usage_error(rank_, "broadcast", "root " + std::to_string(root) + " is not a rank of a communicator of size " +
@@ -308,6 +325,8 @@ class communicator {
     }
     return issue(detail::op_kind::broadcast, "broadcast", {ts.begin(), ts.end()}, reduce_op::sum, root);
   }
+  /// @copydoc allreduce
+  /// Also throws `usage_error` if `in` and `out` differ in dtype or `out.count != in.count * size()`.
   work allgather(tensor_view in, tensor_view out) {
     check_same_type("allgather", in, out);
     if (out.count != in.count * static_cast<std::size_t>(size())) {
@@ -316,6 +335,8 @@ class communicator {
     }
     return issue(detail::op_kind::allgather, "allgather", {in, out}, reduce_op::sum, -1);
   }
+  /// @copydoc allreduce
+  /// Also throws `usage_error` if `in` and `out` differ in dtype or `in.count != out.count * size()`.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     check_same_type("reduce_scatter", in, out);
     if (in.count != out.count * static_cast<std::size_t>(size())) {
@@ -325,6 +346,7 @@ class communicator {
     }
     return issue(detail::op_kind::reduce_scatter, "reduce_scatter", {in, out}, op, -1);
   }
+  /// @copydoc allreduce
   work barrier() { return issue(detail::op_kind::barrier, "barrier", {}, reduce_op::sum, -1); }
 
   /// Marks this rank gone: pending calls of every rank fail with communication_error, later calls
@@ -427,9 +449,14 @@ static_assert(ddp::communicator<communicator>);
 /// N ranks sharing one local communicator group. Call `rank(r)` once per rank.
 class world {
  public:
+  /// A group of `size` ranks.
+  /// @throws usage_error if `size` < 1
   explicit world(int size, options opts = {}) : g_(std::make_shared<detail::group>(check(size), std::move(opts))) {}
 
+  /// Ranks in the group.
   [[nodiscard]] int size() const noexcept { return g_->size; }
+  /// The communicator of rank `r`, to be used by that rank's thread.
+  /// @throws usage_error if `r` is not in [0, size())
   [[nodiscard]] communicator rank(int r) const {
     if (r < 0 || r >= g_->size) {
       throw usage_error(r, "local::world::rank", "rank out of range for a world of size " + std::to_string(g_->size));

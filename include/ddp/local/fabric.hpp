@@ -14,8 +14,11 @@
 
 namespace ddp::local {
 
+/// Registry of local communicator groups by key, shared by the threads that play ranks
+/// (thread-safe). Typically the communicator factory of a fault-tolerance Manager in tests.
 class fabric {
  public:
+  /// @param opts  options of every group this fabric creates
   explicit fabric(options opts = {}) : opts_(std::move(opts)) {}
 
   /// Rank `rank` of the group `key` of `size` ranks. Every member must pass the same size.
