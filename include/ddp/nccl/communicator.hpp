@@ -114,7 +114,9 @@ class communicator {
     return create(id, over.rank(), over.size(), device, std::move(opts));
   }
 
+  /// Takes over the communicator; the source may only be destroyed or assigned to.
   communicator(communicator&&) noexcept = default;
+  /// Releases the replaced communicator as the destructor does, then takes over the source's.
   communicator& operator=(communicator&&) noexcept = default;
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -123,12 +125,15 @@ class communicator {
   /// to tear down without waiting.
   ~communicator() = default;
 
+  /// This rank in the clique.
   [[nodiscard]] int rank() const { return state_->rank; }
+  /// Ranks in the clique.
   [[nodiscard]] int size() const { return state_->size; }
   /// CUDA device ordinal of this rank.
   [[nodiscard]] int device() const noexcept { return state_->device; }
   /// Stream the collectives are enqueued on.
   [[nodiscard]] cudaStream_t stream() const noexcept { return state_->stream; }
+  /// Deadline of `work::wait()` (`options::timeout`).
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return state_->opts.timeout; }
   /// The NCCL handle, for calls this class does not wrap (null after abort()).
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return state_->comm; }

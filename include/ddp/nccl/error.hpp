@@ -16,7 +16,11 @@ namespace ddp::nccl {
 
 /// The exception for a failed NCCL call: "<call> failed: <ncclGetErrorString> (ncclResult_t N);
 /// last NCCL error: <ncclGetLastError>".
-/// @param comm  communicator the call used, or null (NCCL then reports its last global error)
+/// @param result     the failed call's status
+/// @param rank       rank that made the call
+/// @param operation  the ddp operation it was part of
+/// @param call       the NCCL function ("ncclAllReduce", ...)
+/// @param comm       communicator the call used, or null (NCCL then reports its last global error)
 [[nodiscard]] inline communication_error make_nccl_error(ncclResult_t result, int rank, std::string operation,
                                                          std::string_view call, ncclComm_t comm = nullptr) {
   std::string message = std::string(call) + " failed: " + ncclGetErrorString(result) + " (ncclResult_t " +

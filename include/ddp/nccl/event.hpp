@@ -24,7 +24,9 @@ class event {
                "cudaEventCreateWithFlags");
     return e;
   }
+  /// Takes over `other`'s event; `other` becomes empty.
   event(event&& other) noexcept : native_(std::exchange(other.native_, nullptr)) {}
+  /// Destroys this object's event, then takes over `other`'s.
   event& operator=(event&& other) noexcept {
     if (this != &other) {
       reset();
@@ -55,7 +57,9 @@ class event {
   /// any other value on failure.
   [[nodiscard]] cudaError_t query() const noexcept { return cudaEventQuery(native_); }
 
+  /// The CUDA event (still owned by this object); null if empty.
   [[nodiscard]] cudaEvent_t native_handle() const noexcept { return native_; }
+  /// True if an event is owned (made by `create`, not default-constructed or moved from).
   [[nodiscard]] explicit operator bool() const noexcept { return native_ != nullptr; }
 
  private:

@@ -23,7 +23,7 @@ namespace ddp::nccl {
 /// Opaque NCCL clique token. One rank generates it; every rank of the clique must pass the same
 /// bytes to `communicator::create`.
 struct unique_id {
-  ncclUniqueId native{};
+  ncclUniqueId native{};  ///< the NCCL token (all zeros until generated or received)
 
   /// A fresh id (`ncclGetUniqueId`). Works without a GPU: it only opens the bootstrap socket.
   /// @param rank  for error messages
@@ -34,11 +34,13 @@ struct unique_id {
     return id;
   }
 
+  /// The token's bytes, e.g. to publish it in a store.
   [[nodiscard]] std::span<const std::byte, NCCL_UNIQUE_ID_BYTES> bytes() const noexcept {
     return std::span<const std::byte, NCCL_UNIQUE_ID_BYTES>(reinterpret_cast<const std::byte*>(native.internal),
                                                             NCCL_UNIQUE_ID_BYTES);
   }
 
+  /// Same bytes.
   friend bool operator==(const unique_id& a, const unique_id& b) noexcept {
     return std::memcmp(a.native.internal, b.native.internal, NCCL_UNIQUE_ID_BYTES) == 0;
   }
