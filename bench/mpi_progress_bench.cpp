@@ -5,7 +5,7 @@
 // bucket's allreduce and goes on computing (the rest of the backward pass); this program times
 //   alone:    the allreduce by itself (issue + wait), and the compute loop by itself
 //   step:     issue, compute with T calls of work::test() spread evenly through it, then wait
-//   thread:   issue, a progress thread calls work::test() (spinning, or every 100 us) while
+//   thread:   issue, a progress thread calls work::test() (spinning, every 100 us or 1 ms) while
 //             the main thread computes, then join
 // and reports overlap % = (allreduce alone + compute alone - step) / min(both alone): 100 % is
 // perfect hiding of the shorter one, 0 % is none (step = sum of both).
@@ -133,7 +133,8 @@ int run(const bench::cli& args) {
 
   const std::vector<variant> variants{{"main thread, 0 tests", 0, -1},     {"main thread, 10 tests", 10, -1},
                                       {"main thread, 100 tests", 100, -1}, {"main thread, 1000 tests", 1000, -1},
-                                      {"progress thread, spin", 0, 0},     {"progress thread, 100 us", 0, 100}};
+                                      {"progress thread, spin", 0, 0},     {"progress thread, 100 us", 0, 100},
+                                      {"progress thread, 1 ms", 0, 1000}};
   std::vector<std::pair<std::string, ddp::mpi::options>> paths;
   if (path == "both" || path == "ring") paths.push_back({"ring", {.ring_min_bytes = 0}});
   if (path == "both" || path == "iallreduce") {

@@ -56,15 +56,20 @@ class communicator {
   /// A communicator over all processes (duplicates MPI_COMM_WORLD).
   [[nodiscard]] static communicator world(options opts = {}) { return communicator(MPI_COMM_WORLD, std::move(opts)); }
 
+  /// Moves the handle; the moved-from communicator refuses every call with `usage_error`.
   communicator(communicator&&) noexcept = default;
+  /// Moves the handle; the previous one is released as by the destructor.
   communicator& operator=(communicator&&) noexcept = default;
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   /// Frees the duplicate once no work uses it any more (never after MPI_Finalize).
   ~communicator() = default;
 
+  /// This process's rank in the communicator.
   [[nodiscard]] int rank() const { return rank_; }
+  /// Number of processes.
   [[nodiscard]] int size() const { return size_; }
+  /// The options it was built with.
   [[nodiscard]] const options& opts() const { return live("options").opts(); }
   /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
   [[nodiscard]] thread_level threads() const { return live("threads").level(); }
@@ -187,6 +192,7 @@ class communicator {
     return work(std::move(w));
   }
 
+  /// Completes once every rank called it.
   work barrier() {
     detail::comm_state& s = begin("barrier");
     op_info info = make_info(s, "barrier", {}, reduce_op::sum, -1);
@@ -210,13 +216,14 @@ class communicator {
     if (state_) state_->abort();
   }
 
-  /// Single-tensor conveniences over any tensor type.
+  /// In-place allreduce of one tensor of any tensor type.
   template <class T>
     requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
   work allreduce(T& t, reduce_op op) {
     const tensor_view v = ddp::view(t);
     return allreduce(std::span<const tensor_view>(&v, 1), op);
   }
+  /// In-place broadcast of one tensor of any tensor type from `root`.
   template <class T>
     requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
   work broadcast(T& t, int root) {

@@ -27,8 +27,10 @@ namespace ddp::mpi {
 /// catches it; MPI-aware code can read the MPI error code.
 class mpi_error : public communication_error {
  public:
-  /// @param call  the MPI function that failed ("MPI_Iallreduce")
-  /// @param code  its return code
+  /// @param rank       rank that saw the error
+  /// @param operation  the ddp operation, e.g. "allreduce #12 (sum, f32 x 1024)"
+  /// @param call       the MPI function that failed ("MPI_Iallreduce")
+  /// @param code       its return code
   mpi_error(int rank, std::string operation, const char* call, int code)
       : communication_error(rank, std::move(operation), message(call, code)), code_(code) {}
 

@@ -39,8 +39,10 @@ struct options {
   /// Value of `ring_min_bytes` that disables the ring.
   static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
 
+  /// Member-wise equality.
   friend bool operator==(const options&, const options&) = default;
 
+  /// Prints every field: `{timeout: 300000 ms, max_thread_level: provided, ...}`.
   friend std::ostream& operator<<(std::ostream& os, const options& o) {
     os << "{timeout: " << o.timeout.count() << " ms, max_thread_level: ";
     if (o.max_thread_level) {

@@ -17,6 +17,7 @@ enum class thread_level : int {
   multiple = MPI_THREAD_MULTIPLE,      ///< any thread, concurrently
 };
 
+/// MPI's name of the level, e.g. "MPI_THREAD_MULTIPLE".
 [[nodiscard]] constexpr std::string_view name_of(thread_level l) noexcept {
   switch (l) {
     case thread_level::single: return "MPI_THREAD_SINGLE";
@@ -27,6 +28,7 @@ enum class thread_level : int {
   return "MPI_THREAD_?";
 }
 
+/// Prints `name_of(l)`.
 inline std::ostream& operator<<(std::ostream& os, thread_level l) { return os << name_of(l); }
 
 }  // namespace ddp::mpi
