@@ -77,7 +77,6 @@ int train(const std::string& id, Store& store) {
 
   ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
   grads.add(w, grad);
-  grads.register_comm_hook(m.gradient_hook());
   grads.build();
   m.set_layout_fingerprint(grads.layout_fingerprint());
 

@@ -1,0 +1,201 @@
+// What fault tolerance costs: the Manager's per-step protocol against plain Bucketer training,
+// and healing time against state size.
+//
+//   mpiexec -n 2 manager_bench [--shapes resnet50.txt] [--iters 30] [--heal-mib 1,16,64,256] [--csv FILE]
+//
+// Steady state: the same gradients (ResNet-50 shapes by default) are synchronised per iteration by
+// (a) a Bucketer with a fixed layout over ddp::mpi::communicator and (b) the same Bucketer over a
+// Manager whose quorums are built on MPI, with start_quorum(), the commit vote and heartbeats to
+// a file store; the two alternate iteration by iteration, so machine noise hits both alike.
+// Healing: a fresh job whose rank 1 receives the whole state from rank 0 (the same transfer a
+// restarted replica gets), for several state sizes.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
+#include <ddp/manager.hpp>
+#include <ddp/mpi.hpp>
+#include <ddp/stores/file_store.hpp>
+
+#include "common/cli.hpp"
+#include "common/stats.hpp"
+#include "common/table.hpp"
+
+namespace {
+
+std::vector<std::size_t> read_counts(const std::string& path) {
+  std::vector<std::size_t> out;
+  if (path.empty()) {  // a small default model so the program runs without a shapes file
+    for (int i = 0; i < 20; ++i) out.push_back(std::size_t{1} << 16);
+    return out;
+  }
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open shapes file " + path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string name, dims;
+    ls >> name >> dims;
+    std::size_t n = 1;
+    std::stringstream ds(dims);
+    for (std::string d; std::getline(ds, d, 'x');) n *= static_cast<std::size_t>(std::stoull(d));
+    out.push_back(n);
+  }
+  return out;
+}
+
+// Quorums over MPI: the ranks of the quorum are ordered by the Manager's membership.
+ddp::communicator_factory mpi_factory() {
+  return [](const ddp::quorum_info& q) {
+    MPI_Comm ordered = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, 0, q.rank, &ordered);
+    ddp::any_communicator c{ddp::mpi::communicator(ordered)};
+    MPI_Comm_free(&ordered);
+    return c;
+  };
+}
+
+std::string job_dir(ddp::mpi::communicator& comm, const std::string& tag) {
+  std::vector<std::int64_t> pid{comm.rank() == 0 ? static_cast<std::int64_t>(::getpid()) : 0};
+  ddp::communicator_ref(comm).broadcast(pid, 0).wait();
+  return (std::filesystem::temp_directory_path() / ("ddp-manager-bench-" + std::to_string(pid[0]) + "-" + tag))
+      .string();
+}
+
+ddp::manager_options options_for(int rank) {
+  ddp::manager_options o;
+  o.replica_id = "r" + std::to_string(rank);
+  o.min_replicas = 2;
+  o.settle = std::chrono::milliseconds(50);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::mpi::environment env(&argc, &argv);
+  auto comm = ddp::mpi::communicator::world();
+  const int rank = comm.rank();
+  try {
+    bench::cli args(argc, argv, "Manager overhead and healing time (run with mpiexec -n 2)",
+                    {{"--shapes", "FILE", "parameter shapes (default: 20 x 64Ki floats)"},
+                     {"--iters", "N", "measured iterations per variant (default 30)"},
+                     {"--heal-mib", "LIST", "state sizes to heal, MiB (default 1,16,64,256)"}});
+    if (args.has("--help")) {
+      if (rank == 0) args.print_help(std::cout);
+      return 0;
+    }
+    const int iters = static_cast<int>(args.int_or("--iters", 30));
+    const auto counts = read_counts(args.string_or("--shapes", ""));
+    std::vector<std::vector<float>> w, g;
+    for (auto n : counts) {
+      w.emplace_back(n, 0.5f);
+      g.emplace_back(n, 0.0f);
+    }
+    std::size_t bytes = 0;
+    for (auto n : counts) bytes += 4 * n;
+
+    // (a) plain Bucketer
+    ddp::Bucketer<ddp::bucketing::fixed> plain(comm);
+    // (b) Bucketer over a Manager
+    const std::string dir = job_dir(comm, "steady");
+    ddp::stores::file_store store(dir);
+    ddp::training_state state;
+    for (auto& x : w) state.add(x);
+    ddp::Manager manager(store, mpi_factory(), state, options_for(rank));
+    ddp::Bucketer<ddp::bucketing::fixed> managed(manager, {}, {.check_layout = false});
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      plain.add(w[i], g[i]);
+      managed.add(w[i], g[i]);
+    }
+    plain.build();
+    managed.build();
+
+    auto step_plain = [&] {
+      for (std::size_t i = counts.size(); i-- > 0;) plain.mark_ready(i);
+      plain.finalize();
+    };
+    auto step_managed = [&] {
+      manager.start_quorum();
+      for (std::size_t i = counts.size(); i-- > 0;) managed.mark_ready(i);
+      managed.finalize();
+      if (!manager.should_commit()) throw std::runtime_error("a fault-free step failed to commit");
+    };
+    std::vector<double> t_plain, t_managed;
+    auto timed = [&](auto&& f, std::vector<double>& out, bool keep) {
+      comm.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      std::vector<double> ms{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()};
+      ddp::communicator_ref(comm).allreduce(ms, ddp::reduce_op::max).wait();  // slowest rank
+      if (keep) out.push_back(ms[0]);
+    };
+    for (int i = 0; i < iters + 3; ++i) {  // 3 warm-up iterations; alternate the order each time
+      if (i % 2) {
+        timed(step_plain, t_plain, i >= 3);
+        timed(step_managed, t_managed, i >= 3);
+      } else {
+        timed(step_managed, t_managed, i >= 3);
+        timed(step_plain, t_plain, i >= 3);
+      }
+    }
+    bench::table steady({{"variant"}, {"MiB", 1}, {"median ms", 3}, {"min ms", 3}, {"ratio", 3}});
+    const double mp = bench::median(t_plain), mm = bench::median(t_managed);
+    steady.add({std::string("Bucketer (fixed layout)"), static_cast<double>(bytes) / (1 << 20), mp,
+                *std::min_element(t_plain.begin(), t_plain.end()), 1.0});
+    steady.add({std::string("Bucketer over Manager"), static_cast<double>(bytes) / (1 << 20), mm,
+                *std::min_element(t_managed.begin(), t_managed.end()), mm / mp});
+
+    // Healing: a fresh job per size; rank 1 receives the state from rank 0.
+    bench::table heal({{"state MiB"}, {"heal ms", 3}, {"GB/s", 3}, {"start_quorum ms", 3}});
+    std::vector<std::int64_t> sizes;
+    {
+      std::stringstream ss(args.string_or("--heal-mib", "1,16,64,256"));
+      for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoll(s));
+    }
+    for (auto mib : sizes) {
+      const std::string hdir = job_dir(comm, "heal" + std::to_string(mib));
+      ddp::stores::file_store hstore(hdir);
+      std::vector<float> big(static_cast<std::size_t>(mib) << 18, rank == 0 ? 1.0f : 0.0f);
+      ddp::training_state hs;
+      hs.add(big);
+      ddp::Manager m(hstore, mpi_factory(), hs, options_for(rank));
+      const auto t0 = std::chrono::steady_clock::now();
+      m.start_quorum();
+      std::vector<double> v{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                            m.stats().heal_ms};
+      ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::max).wait();
+      if (big.back() != 1.0f) throw std::runtime_error("healed state differs from the source");
+      heal.add({mib, v[1], static_cast<double>(mib << 20) / (v[1] * 1e6), v[0]});
+      comm.barrier().wait();
+      if (rank == 0) std::filesystem::remove_all(hdir);
+    }
+    if (rank == 0) {
+      std::cout << "Manager steady-state overhead, 2 ranks over MPI (median of " << iters << " alternating iterations)\n";
+      steady.print(std::cout);
+      std::cout << "\nHealing a fresh replica (state streamed by broadcast in 16 MiB chunks, all in flight at once)\n";
+      heal.print(std::cout);
+      if (auto csv = args.csv()) {
+        std::ofstream out(*csv);
+        steady.write_csv(out);
+        out << "\n";
+        heal.write_csv(out);
+      }
+      std::filesystem::remove_all(dir);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "manager_bench: rank " << rank << ": " << e.what() << "\n";
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
