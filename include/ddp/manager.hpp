@@ -269,8 +269,8 @@ class Manager {
   [[nodiscard]] const std::vector<std::string>& members() const noexcept { return members_; }
   /// Members whose gradients count in this step.
   [[nodiscard]] int participants() const noexcept { return participants_; }
-  /// False while this replica, healed in this step's `start_quorum()` with
-  /// `healed_replicas_participate = false`, contributes zeros.
+  /// False if this replica received state when the current quorum formed and
+  /// `healed_replicas_participate` is false: its gradients then count as zeros.
   [[nodiscard]] bool participating() const noexcept { return participating_; }
   /// True once an error was captured in this step.
   [[nodiscard]] bool failed() const {
