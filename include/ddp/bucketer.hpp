@@ -114,7 +114,8 @@ class Bucketer {
     return add_entry(std::nullopt, view(gradient));
   }
   /// Registers a gradient given as a view; returns its index. Before `build()` only.
-  /// @throws usage_error after `build()`, for non-host memory, or for memory already registered
+  /// @throws usage_error after `build()`, for non-host memory, a null data pointer, or memory
+  ///   already registered
   std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient); }
 
   /// Registers a parameter with its gradient. The parameter is only used when joining ranks
