@@ -317,8 +317,8 @@ class Bucketer {
   [[nodiscard]] communicator_ref join_communicator() const noexcept { return comm_; }
   /// False inside a no-sync scope: this iteration launches no bucket collectives.
   [[nodiscard]] bool join_will_communicate() const noexcept { return !no_sync_; }
-  /// Uses the round's divisor (`join_round::divisor()`) for this iteration's average, so that
-  /// averages stay correct once some ranks have joined.
+  /// Records the round's divisor (`join_round::divisor()`) for the iteration about to start
+  /// (`notify()` precedes its collectives), so averages stay correct once some ranks have joined.
   void join_notified(const join_round& round) noexcept { notified_divisor_ = round.divisor(); }
 
   /// Join hook: the main hook mirrors one synchronised iteration with zero gradients (same hook,
