@@ -297,7 +297,7 @@ class Bucketer {
 
   /// Number of registered gradients.
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
-  /// Layout in use (empty before `build()`; changes once with a rebuilding policy).
+  /// Layout in use (empty before `build()`; a rebuilding policy may change it once).
   [[nodiscard]] const bucket_layout& layout() const noexcept { return layout_; }
   /// Fingerprint of the registered gradients and the layout, the value `check_layout` compares
   /// across ranks (0 before `build()`).
