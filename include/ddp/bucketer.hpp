@@ -8,10 +8,15 @@
 /// layout `Policy`; a bucket's collective (the comm hook) starts as soon as its last gradient is
 /// ready, buckets launch in layout order on every rank, and overlap works from the first iteration.
 ///
-/// Progress: Open MPI does not advance a non-blocking collective between library calls, so every
-/// `mark_ready` tests the oldest in-flight bucket (one `MPI_Test` drives the whole progress engine).
-/// That costs one cheap call per gradient and needs no extra thread, which on small machines would
-/// compete with the backward pass for cores. `finalize()` then waits for what is left.
+/// Progress: Open MPI does not advance a non-blocking collective between library calls, and ddp's
+/// MPI ring advances an allreduce only when its own handle is tested, so every `mark_ready` tests
+/// every in-flight bucket. That costs a few cheap calls per gradient and needs no extra thread,
+/// which on small machines would compete with the backward pass for cores. `finalize()` then
+/// drives all remaining buckets round-robin and copies each back as soon as it completes.
+///
+/// Averaging: with the default hook on the copy path, the division by the number of ranks is fused
+/// into the copy into the bucket (as PyTorch's `mul_out`), which runs during the backward pass;
+/// the bucket then needs only a sum. Zero-copy and integer buckets use the backend's `avg`.
 ///
 /// Collectives per synchronised iteration: one per bucket (through the hook), plus one `u8` max
 /// allreduce of the used-gradient map when `find_unused_parameters` is on. Construction-time
@@ -59,7 +64,7 @@ struct bucketer_options {
   bool find_unused_parameters = false;
   /// Compare a fingerprint of the gradients and the layout across ranks in `build()` (one allgather).
   bool check_layout = true;
-  /// Test the oldest in-flight bucket on every `mark_ready` (see the file comment). Turn off only
+  /// Test the in-flight buckets on every `mark_ready` (see the file comment). Turn off only
   /// for backends that progress on their own.
   bool progress_on_mark_ready = true;
 
