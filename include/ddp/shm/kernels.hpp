@@ -5,10 +5,14 @@
 ///
 /// Why blocks: the output may be one of the inputs (a rank reduces its slice in place), so the
 /// result is accumulated in a small local array and stored once per block; every inner loop then
-/// runs over two restrict pointers and a compile-time operator, which compilers vectorise. f16
-/// and bf16 are widened to f32 a block at a time with branch-free (vectorisable) conversions
-/// that give exactly the bits of `ddp::half` / `ddp::bfloat16`, accumulated in f32, and rounded
-/// once at the end.
+/// runs over restrict pointers and a compile-time operator, which compilers vectorise (see
+/// `lanes`). f16 and bf16 are widened to f32 a block at a time with branch-free conversions that
+/// give exactly the bits of `ddp::half` / `ddp::bfloat16`, accumulated in f32, and rounded once
+/// at the end.
+///
+/// Measured (g++ 12 -O2, SSE2 baseline, 128 Ki elements in L2): f32 sum of two inputs 22 us
+/// (memcpy of the same bytes: 7-12 us); the scalar loops this replaces took 60 us; f16 is about
+/// 8x slower than f32 (conversions), bf16 3x.
 
 #include <algorithm>
 #include <bit>
@@ -21,6 +25,19 @@
 #include <ddp/dtype.hpp>
 #include <ddp/reduce_op.hpp>
 
+// Helpers are forced inline so that each kernel entry point (baseline, AVX2) compiles them with
+// its own instruction set.
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP_SHM_INLINE [[gnu::always_inline]]
+#else
+#define DDP_SHM_INLINE
+#endif
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define DDP_SHM_X86_DISPATCH 1
+#else
+#define DDP_SHM_X86_DISPATCH 0
+#endif
+
 namespace ddp::shm::detail {
 
 using ddp::detail::compute_t;
@@ -29,102 +46,139 @@ using ddp::detail::is_half_like;
 /// Elements per block: 1024 (4 KiB of f32 accumulator, 8 KiB of f64).
 inline constexpr std::size_t kernel_block = 1024;
 
+/// Every loop below runs in steps of `lanes` elements with a fixed-count inner loop, plus a
+/// scalar tail. Why: g++ at -O2 vectorises only loops whose trip count needs no runtime
+/// epilogue ("very cheap" cost model); a 16-element inner loop is a whole number of vectors of
+/// any element type, so it vectorises at -O2 and -O3 alike, with clang too. Selects are written
+/// as bit masks for the same reason (a branch inside the loop stops g++ at -O2).
+inline constexpr std::size_t lanes = 16;
+
+[[nodiscard]] constexpr std::uint32_t mask_if(bool b) noexcept { return 0u - static_cast<std::uint32_t>(b); }
+
 // ---- 2-byte float conversions, branch-free -------------------------------------------------
 
-inline void widen(float* __restrict out, const half* __restrict in, std::size_t n) noexcept {
-  const auto* h = reinterpret_cast<const std::uint16_t*>(in);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t x = h[i];
-    const std::uint32_t sign = (x & 0x8000u) << 16;
-    const std::uint32_t em = x & 0x7fffu;
-    std::uint32_t o = (em << 13) + 0x38000000u;          // rebias the exponent: 127 - 15
-    o = em >= 0x7c00u ? o + 0x38000000u : o;             // inf / nan: exponent all ones
-    // zero / subnormal: build 2^-14 * (1 + m/1024) and subtract 2^-14, exact in float
-    const float sub = std::bit_cast<float>(o + 0x00800000u) - std::bit_cast<float>(0x38800000u);
-    o = em < 0x0400u ? std::bit_cast<std::uint32_t>(sub) : o;
-    out[i] = std::bit_cast<float>(o | sign);
-  }
+DDP_SHM_INLINE [[nodiscard]] inline float half_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t x = h;
+  const std::uint32_t sign = (x & 0x8000u) << 16;
+  const std::uint32_t em = x & 0x7fffu;
+  const std::uint32_t inf_or_nan = mask_if(em >= 0x7c00u);
+  const std::uint32_t subnormal = mask_if(em < 0x0400u);
+  // normal: rebias the exponent (127 - 15); inf / nan: exponent all ones
+  const std::uint32_t normal = (em << 13) + 0x38000000u + (inf_or_nan & 0x38000000u);
+  // zero / subnormal: mantissa * 2^-24, exact in float
+  const std::uint32_t tiny = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(em)) * 0x1p-24f);
+  return std::bit_cast<float>(((tiny & subnormal) | (normal & ~subnormal)) | sign);
 }
 
-inline void widen(float* __restrict out, const bfloat16* __restrict in, std::size_t n) noexcept {
-  const auto* b = reinterpret_cast<const std::uint16_t*>(in);
-  for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(b[i]) << 16);
+/// Same rounding as `half::from_float` (nearest even; overflow to inf; nan becomes 0x7e00).
+DDP_SHM_INLINE [[nodiscard]] inline std::uint16_t float_to_half(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7fffffffu;
+  const std::uint32_t big = mask_if(abs >= 0x47800000u);
+  const std::uint32_t small = mask_if(abs < 0x38800000u);
+  const std::uint32_t overflow = 0x7c00u | (mask_if(abs > 0x7f800000u) & 0x0200u);
+  // subnormal or zero in half: round to nearest even by a float add of 0.5
+  const std::uint32_t sub = std::bit_cast<std::uint32_t>(std::bit_cast<float>(abs & small) + 0.5f) - 0x3f000000u;
+  const std::uint32_t normal = (abs + 0xc8000fffu + ((abs >> 13) & 1u)) >> 13;  // rebias, round to nearest even
+  return static_cast<std::uint16_t>(sign | (overflow & big) | (sub & small) | (normal & ~(big | small)));
 }
 
-/// Same rounding as `half::from_float` (nearest even; overflow to inf; nan stays nan).
-inline void narrow(half* __restrict out, const float* __restrict in, std::size_t n) noexcept {
-  auto* h = reinterpret_cast<std::uint16_t*>(out);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t x = std::bit_cast<std::uint32_t>(in[i]);
-    const std::uint32_t sign = (x >> 16) & 0x8000u;
-    const std::uint32_t abs = x & 0x7fffffffu;
-    const std::uint32_t big = abs > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    const float shifted = std::bit_cast<float>(abs < 0x38800000u ? abs : 0u) + 0.5f;
-    const std::uint32_t small = std::bit_cast<std::uint32_t>(shifted) - 0x3f000000u;
-    const std::uint32_t normal = (abs + 0xc8000fffu + ((abs >> 13) & 1u)) >> 13;
-    const std::uint32_t v = abs >= 0x47800000u ? big : (abs < 0x38800000u ? small : normal);
-    h[i] = static_cast<std::uint16_t>(sign | v);
-  }
+DDP_SHM_INLINE [[nodiscard]] inline float bfloat_to_float(std::uint16_t b) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
 /// Same rounding as `bfloat16::from_float`.
-inline void narrow(bfloat16* __restrict out, const float* __restrict in, std::size_t n) noexcept {
-  auto* b = reinterpret_cast<std::uint16_t*>(out);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t x = std::bit_cast<std::uint32_t>(in[i]);
-    const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    const std::uint32_t nan = (x >> 16) | 0x40u;
-    b[i] = static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+DDP_SHM_INLINE [[nodiscard]] inline std::uint16_t float_to_bfloat(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = mask_if((x & 0x7fffffffu) > 0x7f800000u);
+  return static_cast<std::uint16_t>((((x >> 16) | 0x40u) & nan) | (rounded & ~nan));
+}
+
+template <class T>
+DDP_SHM_INLINE inline float to_float(std::uint16_t bits) noexcept {
+  return std::is_same_v<T, half> ? half_to_float(bits) : bfloat_to_float(bits);
+}
+template <class T>
+DDP_SHM_INLINE inline std::uint16_t from_float(float v) noexcept {
+  return std::is_same_v<T, half> ? float_to_half(v) : float_to_bfloat(v);
+}
+
+template <class T>
+DDP_SHM_INLINE inline void widen(float* __restrict out, const T* __restrict in, std::size_t n) noexcept {
+  const auto* h = reinterpret_cast<const std::uint16_t*>(in);
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) out[i + j] = to_float<T>(h[i + j]);
   }
+  for (std::size_t i = whole; i < n; ++i) out[i] = to_float<T>(h[i]);
+}
+
+template <class T>
+DDP_SHM_INLINE inline void narrow(T* __restrict out, const float* __restrict in, std::size_t n) noexcept {
+  auto* h = reinterpret_cast<std::uint16_t*>(out);
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) h[i + j] = from_float<T>(in[i + j]);
+  }
+  for (std::size_t i = whole; i < n; ++i) h[i] = from_float<T>(in[i]);
 }
 
 // ---- element-wise loops, one per operator ---------------------------------------------------
 
 template <reduce_op Op, class C>
-inline void combine(C* __restrict acc, const C* __restrict in, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
-      acc[i] = static_cast<C>(acc[i] + in[i]);
-    } else if constexpr (Op == reduce_op::prod) {
-      acc[i] = static_cast<C>(acc[i] * in[i]);
-    } else if constexpr (Op == reduce_op::min) {
-      acc[i] = in[i] < acc[i] ? in[i] : acc[i];
-    } else {
-      acc[i] = acc[i] < in[i] ? in[i] : acc[i];
-    }
+DDP_SHM_INLINE [[nodiscard]] inline C apply(C a, C b) noexcept {
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+    return static_cast<C>(a + b);
+  } else if constexpr (Op == reduce_op::prod) {
+    return static_cast<C>(a * b);
+  } else if constexpr (Op == reduce_op::min) {
+    return b < a ? b : a;  // std::min(a, b)
+  } else {
+    return a < b ? b : a;  // std::max(a, b)
   }
+}
+
+/// acc = acc op in.
+template <reduce_op Op, class C>
+DDP_SHM_INLINE inline void combine(C* __restrict acc, const C* __restrict in, std::size_t n) noexcept {
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = apply<Op>(acc[i + j], in[i + j]);
+  }
+  for (std::size_t i = whole; i < n; ++i) acc[i] = apply<Op>(acc[i], in[i]);
+}
+
+/// acc = a op b.
+template <reduce_op Op, class C>
+DDP_SHM_INLINE inline void combine2(C* __restrict acc, const C* __restrict a, const C* __restrict b, std::size_t n) noexcept {
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = apply<Op>(a[i + j], b[i + j]);
+  }
+  for (std::size_t i = whole; i < n; ++i) acc[i] = apply<Op>(a[i], b[i]);
 }
 
 /// acc /= divisor: floating point divides (no reciprocal: the same rounding as everywhere else
 /// in ddp); integers truncate toward zero.
 template <class C>
-inline void divide(C* __restrict acc, std::size_t n, std::int64_t divisor) noexcept {
+DDP_SHM_INLINE inline void divide(C* __restrict acc, std::size_t n, std::int64_t divisor) noexcept {
   if constexpr (std::is_floating_point_v<C>) {
     const C d = static_cast<C>(divisor);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / d;
+    const std::size_t whole = n - n % lanes;
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = acc[i + j] / d;
+    }
+    for (std::size_t i = whole; i < n; ++i) acc[i] = acc[i] / d;
   } else {
     for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<C>(static_cast<std::int64_t>(acc[i]) / divisor);
   }
 }
 
-// acc = a op b, one pass.
-template <reduce_op Op, class C>
-inline void combine2(C* __restrict acc, const C* __restrict a, const C* __restrict b, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
-      acc[i] = static_cast<C>(a[i] + b[i]);
-    } else if constexpr (Op == reduce_op::prod) {
-      acc[i] = static_cast<C>(a[i] * b[i]);
-    } else if constexpr (Op == reduce_op::min) {
-      acc[i] = b[i] < a[i] ? b[i] : a[i];
-    } else {
-      acc[i] = a[i] < b[i] ? b[i] : a[i];
-    }
-  }
-}
-
 template <class T, reduce_op Op>
-void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
+DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in, int k, std::size_t n,
+                                     std::int64_t divisor) noexcept {
   using C = compute_t<T>;
   alignas(64) C acc[kernel_block];
   alignas(64) C wide[is_half_like<T> ? kernel_block : 1];
@@ -153,6 +207,37 @@ void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n
   }
 }
 
+template <class T, reduce_op Op>
+void reduce_many_baseline(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
+  reduce_many_body<T, Op>(out, out2, in, k, n, divisor);
+}
+
+#if DDP_SHM_X86_DISPATCH
+// The same loops compiled for AVX2: 32-byte vectors, and conversions twice as wide (f16/bf16
+// about 2x faster, f32 about 15% in L2). Chosen at run time, so the library needs no -mavx2.
+template <class T, reduce_op Op>
+[[gnu::target("avx2")]] void reduce_many_avx2(T* out, T* out2, const T* const* in, int k, std::size_t n,
+                                              std::int64_t divisor) noexcept {
+  reduce_many_body<T, Op>(out, out2, in, k, n, divisor);
+}
+
+[[nodiscard]] inline bool have_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2") != 0;
+  return yes;
+}
+#endif
+
+template <class T, reduce_op Op>
+void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
+#if DDP_SHM_X86_DISPATCH
+  if (have_avx2()) {
+    reduce_many_avx2<T, Op>(out, out2, in, k, n, divisor);
+    return;
+  }
+#endif
+  reduce_many_baseline<T, Op>(out, out2, in, k, n, divisor);
+}
+
 /// out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], left to right, for i < n; then divided by
 /// `divisor` if it exceeds 1 (for `avg`, pass the number of contributing ranks; the sum is the
 /// operator then). `out` may equal any `in[q]`; other overlaps are not allowed. `out2`, if not
@@ -175,3 +260,6 @@ inline void reduce_many(dtype t, reduce_op op, void* out, void* out2, const void
 }
 
 }  // namespace ddp::shm::detail
+
+#undef DDP_SHM_INLINE
+#undef DDP_SHM_X86_DISPATCH

@@ -1,0 +1,83 @@
+// The shared-memory reduction kernel against the library's scalar definitions: the branch-free
+// f16/bf16 conversions give exactly the bits of ddp::half / ddp::bfloat16 (every half, a dense
+// sample of floats), and reduce_many matches a rank-order scalar reduction for every dtype,
+// operator and input count, with the output aliasing an input and a second output.
+#include <catch2/catch.hpp>
+#include <ddp/detail/host_reduce.hpp>
+#include <ddp/shm/kernels.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace k = ddp::shm::detail;
+
+TEST_CASE("shm kernels: f16 and bf16 conversions are bit-exact", "[shm][kernels]") {
+  std::size_t wrong = 0;
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    wrong += std::bit_cast<std::uint32_t>(k::half_to_float(bits)) != std::bit_cast<std::uint32_t>(ddp::half::to_float(bits));
+    wrong += std::bit_cast<std::uint32_t>(k::bfloat_to_float(bits)) != std::bit_cast<std::uint32_t>(ddp::bfloat16::to_float(bits));
+  }
+  REQUIRE(wrong == 0);
+  // Every 251st float bit pattern, plus the boundaries of the half ranges.
+  std::vector<std::uint32_t> samples;
+  for (std::uint64_t x = 0; x <= 0xffffffffull; x += 251) samples.push_back(static_cast<std::uint32_t>(x));
+  for (std::uint32_t edge : {0x38800000u, 0x387fffffu, 0x47800000u, 0x477fffffu, 0x7f800000u, 0x7f800001u, 0x33000000u,
+                             0x33000001u, 0x32ffffffu, 0x477fe000u, 0x477fefffu, 0x477ff000u}) {
+    for (std::uint32_t sign : {0u, 0x80000000u}) samples.push_back(edge | sign);
+  }
+  for (std::uint32_t x : samples) {
+    const float f = std::bit_cast<float>(x);
+    wrong += k::float_to_half(f) != ddp::half::from_float(f);
+    wrong += k::float_to_bfloat(f) != ddp::bfloat16::from_float(f);
+  }
+  REQUIRE(wrong == 0);
+}
+
+TEST_CASE("shm kernels: reduce_many matches a scalar reduction in rank order", "[shm][kernels]") {
+  const std::vector<ddp::dtype> types{ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32, ddp::dtype::f64,
+                                      ddp::dtype::i8,  ddp::dtype::u8,   ddp::dtype::i32, ddp::dtype::i64};
+  const std::vector<ddp::reduce_op> ops{ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min,
+                                        ddp::reduce_op::max, ddp::reduce_op::prod};
+  for (ddp::dtype t : types) {
+    const std::size_t esz = ddp::size_of(t);
+    for (ddp::reduce_op op : ops) {
+      for (int inputs = 1; inputs <= 5; ++inputs) {
+        for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{17}, std::size_t{1024}, std::size_t{3001}}) {
+          std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(inputs), std::vector<std::byte>(n * esz));
+          for (int q = 0; q < inputs; ++q) {
+            for (std::size_t i = 0; i < n; ++i) {
+              const double v = t == ddp::dtype::u8 ? static_cast<double>((i + static_cast<std::size_t>(q)) % 3)
+                                                   : static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 5) % 5) - 2) +
+                                                         (ddp::is_floating(t) ? 0.375 * q : 0.0);
+              ddp::detail::convert(ddp::dtype::f64, &v, t, in[static_cast<std::size_t>(q)].data() + i * esz, 1);
+            }
+          }
+          // Reference: the local backend's way (widen halves to f32, reduce in order, divide, narrow).
+          const bool widen = t == ddp::dtype::f16 || t == ddp::dtype::bf16;
+          const ddp::dtype acc_t = widen ? ddp::dtype::f32 : t;
+          std::vector<std::byte> acc(n * ddp::size_of(acc_t)), tmp(n * ddp::size_of(acc_t));
+          ddp::detail::convert(t, in[0].data(), acc_t, acc.data(), n);
+          for (int q = 1; q < inputs; ++q) {
+            ddp::detail::convert(t, in[static_cast<std::size_t>(q)].data(), acc_t, tmp.data(), n);
+            ddp::detail::reduce_into(acc_t, op, acc.data(), tmp.data(), n);
+          }
+          if (op == ddp::reduce_op::avg) ddp::detail::divide_in_place(acc_t, acc.data(), n, inputs);
+          std::vector<std::byte> want(n * esz);
+          ddp::detail::convert(acc_t, acc.data(), t, want.data(), n);
+
+          std::vector<const void*> ptrs;
+          for (auto& v : in) ptrs.push_back(v.data());
+          std::vector<std::byte> second(n * esz);
+          const std::size_t alias = static_cast<std::size_t>(inputs - 1);  // write over the last input
+          k::reduce_many(t, op, in[alias].data(), second.data(), ptrs.data(), inputs, n, inputs);
+          INFO(ddp::name_of(t) << " " << ddp::name_of(op) << " inputs=" << inputs << " n=" << n);
+          REQUIRE(std::memcmp(in[alias].data(), want.data(), want.size()) == 0);
+          REQUIRE(std::memcmp(second.data(), want.data(), want.size()) == 0);
+        }
+      }
+    }
+  }
+}
