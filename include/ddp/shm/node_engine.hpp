@@ -22,8 +22,9 @@
 /// its arena waits at the end until all peers have read it, since the caller may then write it.
 ///
 /// Groups of at most `single_phase_bytes` skip the second round trip: every rank stages the
-/// whole group, then each reduces all of it, in the same rank order with the same code, so the
-/// bits still agree (latency of one synchronisation instead of two).
+/// whole group (arena tensors too: reading them in place would need a second round trip before
+/// they may be overwritten), then each reduces all of it into its own output, in the same rank
+/// order with the same code, so the bits still agree. Latency: one synchronisation instead of two.
 
 #include <algorithm>
 #include <atomic>
@@ -87,8 +88,10 @@ class node_engine {
            std::int64_t divisor, const op_info& info, clock::time_point deadline) {
     const std::size_t esz = size_of(group.type);
     const std::size_t chunk_elems = layout_.chunk_bytes() / esz;
-    const bool zero_copy = group.zero_copy_offset.has_value();
     if (phase == node_phase::allreduce && group.total * esz <= single_max_) phase = node_phase::allreduce_single;
+    // Single-phase peers read a staged copy, so an arena tensor is simply this rank's output
+    // there (reading it in place would cost a second round trip before it may be overwritten).
+    const bool zero_copy = group.zero_copy_offset.has_value() && phase != node_phase::allreduce_single;
     // A segment a peer gave up on stays unusable, even where this call would not have to wait.
     if (const std::uint32_t by = std::atomic_ref<std::uint32_t>(header()->aborted_by).load(std::memory_order_acquire)) {
       throw_aborted(by, {info, deadline, next_chunk_});
@@ -112,13 +115,12 @@ class node_engine {
       if (phase == node_phase::broadcast) {
         broadcast_chunk(group, d, zero_copy, ctx);
       } else if (phase == node_phase::allreduce_single) {
-        single_phase_chunk(group, d, zero_copy, divisor, ctx);
+        single_phase_chunk(group, d, divisor, ctx);
       } else {
         reduce_chunk(phase, group, d, zero_copy, divisor, ctx);
       }
     }
-    const bool others_read_mine =
-        zero_copy && phase != node_phase::allreduce_single && (phase != node_phase::broadcast || me_ == 0);
+    const bool others_read_mine = zero_copy && (phase != node_phase::broadcast || me_ == 0);
     if (others_read_mine && group.total > 0) {
       wait_all(&rank_control::copied, last + 1, {info, deadline, last}, "finish reading this rank's buffer");
     }
@@ -213,18 +215,13 @@ class node_engine {
   }
 
   // The whole (small) group is one chunk: stage it, wait once, reduce all of it locally.
-  void single_phase_chunk(const tensor_group& group, chunk_descriptor& d, bool zero_copy, std::int64_t divisor,
-                          const wait_ctx& ctx) {
+  void single_phase_chunk(const tensor_group& group, chunk_descriptor& d, std::int64_t divisor, const wait_ctx& ctx) {
     const std::size_t esz = size_of(group.type);
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
-    std::byte* own = zero_copy ? nullptr : group.contiguous(0, n);
-    if (zero_copy) {
-      d.offset = *group.zero_copy_offset;
-    } else {
-      d.offset = layout_.slot(me_, parity);
-      group.copy_out(0, n, base_ + d.offset);
-    }
+    std::byte* own = group.contiguous(0, n);
+    d.offset = layout_.slot(me_, parity);
+    group.copy_out(0, n, base_ + d.offset);
     mine().desc[parity] = d;
     publish(&rank_control::staged, ctx.chunk + 1);
 
@@ -235,18 +232,12 @@ class node_engine {
       check_same(q, dq, d, ctx);
       inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset;
     }
-    // Peers read this rank's staged copy (or its arena buffer), never its private buffer: the
-    // result may go straight there. An arena buffer is written only once every peer read it.
+    // Peers read this rank's staged copy, never its tensors: the result goes straight there.
     std::byte* out = own != nullptr ? own : scratch(n * esz);
     detail::reduce_many(group.type, static_cast<reduce_op>(d.op), out, nullptr, inputs, size_, n, divisor);
     publish(&rank_control::reduced, ctx.chunk + 1);
     publish(&rank_control::copied, ctx.chunk + 1);
-    if (zero_copy) {
-      wait_all(&rank_control::copied, ctx.chunk + 1, ctx, "finish reading this rank's buffer");
-      std::memcpy(base_ + d.offset, out, n * esz);
-    } else if (own == nullptr) {
-      group.copy_in(0, n, out);
-    }
+    if (own == nullptr) group.copy_in(0, n, out);
   }
 
   const void** input_table() {

@@ -46,7 +46,8 @@ struct options {
   friend bool operator==(const options&, const options&) = default;
 
   friend std::ostream& operator<<(std::ostream& os, const options& o) {
-    os << "{chunk_bytes: " << o.chunk_bytes << ", single_phase_bytes: " << o.single_phase_bytes << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()
+    os << "{chunk_bytes: " << o.chunk_bytes << ", single_phase_bytes: " << o.single_phase_bytes
+       << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()
        << " ms, spins_before_yield: " << o.spins_before_yield << ", node_of_rank: ";
     if (o.node_of_rank.empty()) {
       os << "detect";
