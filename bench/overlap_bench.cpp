@@ -7,7 +7,8 @@
 // Table 2, a simulated backward pass: gradients become ready one by one, last layer first, each
 // after busy compute proportional to its size, the whole pass taking `scale` times the flat
 // allreduce's time. The step time is compared with max(compute, flat allreduce): 1.0 means the
-// communication is completely hidden (or the compute is), the target is under 1.2.
+// communication is completely hidden (or the compute is), the target is under 1.2. The last
+// columns add the Bucketer's optional progress thread (bucketer_options::progress_interval).
 #include <mpi.h>
 
 #include <algorithm>
@@ -88,12 +89,15 @@ int main(int argc, char** argv) {
 
     ddp::Bucketer copy_path(comm);
     ddp::Bucketer zero_copy(comm, {}, {.zero_copy = true});
+    ddp::Bucketer threaded(comm, {}, {.zero_copy = true, .progress_interval = std::chrono::microseconds(200)});
     for (auto& x : g) {
       copy_path.add(x);
       zero_copy.add(x);  // zero-copy: the gradients live in zero_copy's buckets; x only gives the shape
+      threaded.add(x);
     }
     copy_path.build();
     zero_copy.build();
+    threaded.build();
 
     // Runs `f` `iters` times (after one warm-up), returns the median of the slowest rank's time.
     auto measure = [&](auto&& f) {
@@ -133,14 +137,16 @@ int main(int argc, char** argv) {
               t_zero / t_flat});
 
     bench::table overlap({{"compute / flat"}, {"compute ms", 2}, {"step ms (copy)", 2}, {"ratio (copy)", 2},
-                          {"step ms (zero-copy)", 2}, {"ratio (zero-copy)", 2}});
+                          {"step ms (zero-copy)", 2}, {"ratio (zero-copy)", 2},
+                          {"step ms (zero-copy + progress thread)", 2}, {"ratio (+ thread)", 2}});
     for (double scale : {0.5, 1.0, 2.0}) {
       const auto compute = std::chrono::nanoseconds(static_cast<long>(scale * t_flat * 1e6));
       const double t_compute = measure([&] { spin_for(compute); });
       const double s_copy = measure([&] { bucketer_step(copy_path, compute); });
       const double s_zero = measure([&] { bucketer_step(zero_copy, compute); });
+      const double s_thread = measure([&] { bucketer_step(threaded, compute); });
       const double bound = std::max(t_compute, t_flat);
-      overlap.add({scale, t_compute, s_copy, s_copy / bound, s_zero, s_zero / bound});
+      overlap.add({scale, t_compute, s_copy, s_copy / bound, s_zero, s_zero / bound, s_thread, s_thread / bound});
     }
     if (rank == 0) {
       std::cout << "Gradient synchronisation, " << counts.size() << " tensors, "

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +68,12 @@ struct bucketer_options {
   /// Test the in-flight buckets on every `mark_ready` (see the file comment). Turn off only
   /// for backends that progress on their own.
   bool progress_on_mark_ready = true;
+  /// If non-zero, a helper thread tests the in-flight buckets every `progress_interval` while any
+  /// are in flight, so that collectives advance during long gaps between `mark_ready` calls (a
+  /// large layer's backward kernel). Costs a thread that wakes at this rate during the backward
+  /// pass; needs a backend that accepts calls from several threads (MPI: THREAD_MULTIPLE or
+  /// SERIALIZED). Off by default: measure it (bench/overlap_bench) on your machine.
+  std::chrono::microseconds progress_interval{0};
 
   /// Memberwise.
   friend bool operator==(const bucketer_options&, const bucketer_options&) = default;
@@ -109,7 +116,7 @@ class Bucketer {
   Bucketer& operator=(const Bucketer&) = delete;
   /// Removes every attached hook; in-flight collectives are abandoned (never waited on with a
   /// collective, never thrown from here).
-  ~Bucketer() = default;
+  ~Bucketer() { stop_progress_thread(); }
 
   // ---- registration ------------------------------------------------------------------------
 
@@ -431,6 +438,9 @@ class Bucketer {
     install_layout(std::move(l), false);
     if (opts_.check_layout) check_layout_across_ranks();
     built_.store(true, std::memory_order_release);
+    if (opts_.progress_interval.count() > 0 && !progress_thread_.joinable()) {
+      progress_thread_ = std::thread([this] { progress_loop(); });
+    }
   }
 
   // Allocates bucket storage for `l` and points every entry at its slot.
@@ -513,6 +523,13 @@ class Bucketer {
       bk.inflight = hook_(gb);
     }
     bk.launched = true;
+    if (progress_thread_.joinable()) {
+      {
+        std::lock_guard wake(progress_mutex_);  // set under the mutex: no lost wake-up
+        progress_wanted_.store(true, std::memory_order_release);
+      }
+      progress_cv_.notify_one();
+    }
     ++current_.collectives;
     current_.buckets[b].launched_ms = ms_between(iteration_start_, clock::now());
   }
@@ -533,6 +550,39 @@ class Bucketer {
       if (done) note_completed(b);
     }
     while (next_complete_ < next_launch_ && buckets_[next_complete_].completed) ++next_complete_;
+  }
+
+  // The optional progress thread: sleeps until a bucket is launched, then tests the in-flight
+  // buckets every progress_interval until none is left (finalize() holds the mutex while it
+  // drives the buckets itself, so the two never test at the same time).
+  void progress_loop() {
+    std::unique_lock wait_lock(progress_mutex_);
+    while (!stop_progress_.load()) {
+      progress_cv_.wait(wait_lock, [&] { return stop_progress_.load() || progress_wanted_.load(); });
+      if (stop_progress_.load()) break;
+      wait_lock.unlock();
+      while (!stop_progress_.load()) {
+        std::this_thread::sleep_for(opts_.progress_interval);
+        std::unique_lock lk(mutex_, std::try_to_lock);
+        if (!lk) continue;
+        progress_locked();
+        if (next_complete_ >= next_launch_ && (next_launch_ == buckets_.size() || !started_.load())) {
+          progress_wanted_.store(false);
+          break;
+        }
+      }
+      wait_lock.lock();
+    }
+  }
+
+  void stop_progress_thread() noexcept {
+    if (!progress_thread_.joinable()) return;
+    {
+      std::lock_guard lk(progress_mutex_);
+      stop_progress_.store(true);
+    }
+    progress_cv_.notify_one();
+    progress_thread_.join();
   }
 
   void note_completed(std::size_t b) {
@@ -759,6 +809,12 @@ class Bucketer {
   bool recording_ = false;
   std::vector<std::size_t> ready_order_;
   std::atomic<std::size_t> ready_seen_{0};
+
+  std::mutex progress_mutex_;  // guards stop_progress_ and the progress thread's sleep
+  std::condition_variable progress_cv_;
+  std::atomic<bool> progress_wanted_{false};
+  std::atomic<bool> stop_progress_{false};
+  std::thread progress_thread_;  // optional (progress_interval); joined in the destructor
 
   std::vector<attached_hook> attached_;  // destroyed before the state its hooks use
   step_stats current_;

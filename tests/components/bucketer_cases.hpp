@@ -372,8 +372,35 @@ void recreate_ten_times(int rank, MakeComm&& make_comm) {
   }
 }
 
+// The optional progress thread tests in-flight buckets between marks; results must not change.
+inline void progress_thread_averages(ddp::communicator_ref comm) {
+  for (bool zero_copy : {false, true}) {
+    model m(mixed_shapes());
+    ddp::Bucketer b(comm, ddp::bucketing::size_capped{.cap_bytes = 2048, .small_bucket_bytes = 512},
+                    {.zero_copy = zero_copy, .progress_interval = std::chrono::microseconds(20)});
+    for (auto& g : m.grads) b.add(g.view());
+    b.build();
+    for (unsigned it = 0; it < 3; ++it) {
+      m.fill(comm.rank());
+      for (std::size_t g = 0; g < m.grads.size(); ++g) {
+        if (zero_copy && m.grads[g].count()) std::memcpy(b.gradient_view(g).data, m.grads[g].bytes.data(), m.grads[g].bytes.size());
+      }
+      for (std::size_t i = b.size(); i-- > 0;) {
+        b.mark_ready(i);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));  // "compute": the thread tests meanwhile
+      }
+      b.finalize();
+      for (std::size_t g = 0; g < m.grads.size(); ++g) {
+        if (zero_copy && m.grads[g].count()) std::memcpy(m.grads[g].bytes.data(), b.gradient_view(g).data, m.grads[g].bytes.size());
+      }
+      m.check_average(comm, std::string("progress thread, ") + (zero_copy ? "zero-copy" : "copy"));
+    }
+  }
+}
+
 inline void run_all(ddp::communicator_ref comm) {
   average_mixed_dtypes(comm);
+  progress_thread_averages(comm);
   launch_order_and_custom_hook(comm);
   compression_hooks(comm);
   unused_parameters(comm);
