@@ -15,7 +15,10 @@
 
 namespace ddp::shm {
 
+/// Bucketer comm hook for the shared-memory path: the communicator's own `avg` (divided inside
+/// the node reduction) when averaging over every rank, the default hook otherwise.
 struct average_hook {
+  /// Launches the bucket's average.
   work operator()(grad_bucket& b) const {
     if (b.divisor != b.comm.size()) return hooks::allreduce_average{}(b);
     return b.comm.allreduce(b.data, reduce_op::avg);

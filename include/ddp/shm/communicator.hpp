@@ -71,8 +71,8 @@ using bucket_allocator = std::function<std::shared_ptr<std::byte>(std::size_t by
 /// `make_mpi_communicator` produces).
 template <class Cross>
 struct node_parts {
-  node_topology topology;
-  segment_layout layout;
+  node_topology topology;  ///< which ranks share this rank's node, and who leads it
+  segment_layout layout;   ///< how the node's shared segment is carved up
   std::shared_ptr<segment> shared;  ///< the node's segment; null when this rank is alone on its node
   std::optional<Cross> leaders;     ///< on node leaders when there are several nodes
 };
@@ -82,8 +82,8 @@ struct node_parts {
 template <ddp::communicator Inner, ddp::communicator Cross = Inner>
 class communicator {
  public:
-  using inner_type = Inner;
-  using cross_type = Cross;
+  using inner_type = Inner;  ///< the wrapped communicator's type
+  using cross_type = Cross;  ///< the node leaders' communicator's type
 
   /// Wraps `inner`; collective over it (a host-name allgather unless `opts.node_of_rank` is set,
   /// then two allgathers to agree on a POSIX shared-memory segment per node). Ranks spread over
@@ -124,7 +124,9 @@ class communicator {
     assemble(std::move(opts), std::move(parts));
   }
 
+  /// Moves the wrapper; the shared segment stays mapped.
   communicator(communicator&&) noexcept = default;
+  /// Moves the wrapper; the shared segment stays mapped.
   communicator& operator=(communicator&&) noexcept = default;
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -132,7 +134,9 @@ class communicator {
   /// see `close()` for backings that free memory collectively.
   ~communicator() = default;
 
+  /// This rank in the wrapped communicator.
   [[nodiscard]] int rank() const { return inner_.rank(); }
+  /// Ranks of the wrapped communicator.
   [[nodiscard]] int size() const { return inner_.size(); }
 
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
@@ -232,9 +236,13 @@ class communicator {
 
   // ---- introspection -------------------------------------------------------------------------
 
+  /// Which ranks share this rank's node.
   [[nodiscard]] const node_topology& topology() const noexcept { return s_->topology; }
+  /// The options every rank agreed on.
   [[nodiscard]] const options& opts() const noexcept { return s_->opts; }
+  /// The wrapped communicator (it carries every collective this one does not accelerate).
   [[nodiscard]] Inner& inner() noexcept { return inner_; }
+  /// The wrapped communicator.
   [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
   /// The leaders' communicator (on node leaders when there are several nodes), else null.
   [[nodiscard]] Cross* leaders() noexcept { return leaders_ ? &*leaders_ : nullptr; }

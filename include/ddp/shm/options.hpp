@@ -43,8 +43,10 @@ struct options {
   /// host share a node). Set it to simulate several nodes on one machine, e.g. `{0, 0, 1, 1}`.
   std::vector<int> node_of_rank{};
 
+  /// Memberwise.
   friend bool operator==(const options&, const options&) = default;
 
+  /// Prints every field.
   friend std::ostream& operator<<(std::ostream& os, const options& o) {
     os << "{chunk_bytes: " << o.chunk_bytes << ", single_phase_bytes: " << o.single_phase_bytes
        << ", arena_bytes: " << o.arena_bytes << ", timeout: " << o.timeout.count()

@@ -14,8 +14,9 @@
 
 namespace ddp::shm {
 
+/// Tensors of one dtype reduced as one sequence of elements (a coalesced call's dtype group).
 struct tensor_group {
-  ddp::dtype type = dtype::f32;
+  ddp::dtype type = dtype::f32;  ///< dtype of every part
   std::vector<tensor_view> parts;   ///< non-empty tensors, in call order
   std::vector<std::size_t> starts;  ///< first element of each part in the sequence
   std::size_t total = 0;            ///< elements of all parts
@@ -23,6 +24,7 @@ struct tensor_group {
   /// it is (zero-copy) instead of through the staging slots.
   std::optional<std::size_t> zero_copy_offset;
 
+  /// Appends `t` to the sequence.
   void add(tensor_view t) {
     parts.push_back(t);
     starts.push_back(total);

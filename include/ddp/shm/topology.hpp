@@ -31,7 +31,9 @@ struct node_topology {
   std::vector<int> node_of{0};  ///< node of every rank
   std::vector<int> leaders{0};  ///< rank leading each node
 
+  /// True on the rank that represents this node among the nodes.
   [[nodiscard]] bool is_leader() const noexcept { return node_rank == 0; }
+  /// The rank leading this rank's node.
   [[nodiscard]] int leader() const { return leaders[static_cast<std::size_t>(node)]; }
 
   /// Topology from any labelling of ranks by node (`labels[r]` is rank r's node; labels are
