@@ -96,7 +96,7 @@ int run(const bench::cli& args) {
     const double raw_s = bench::median(t[0]);
     const double nb_s = bench::median(t[1]);
     const double ddp_s = bench::median(t[2]);
-    const bool ring = ranks > 1 && bytes >= opts.ring_min_bytes;
+    const bool ring = bytes >= comm.ring_threshold();
     const auto gbs = [&](double sec) { return static_cast<double>(bytes) / sec * bus_factor / 1e9; };
     table.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes),
                std::string(ring ? "ring" : "iallreduce"), std::int64_t{iters}, raw_s * 1e6, nb_s * 1e6, ddp_s * 1e6,

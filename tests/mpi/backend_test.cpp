@@ -335,6 +335,12 @@ TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compa
   CHECK_THROWS_AS(a.barrier(), ddp::usage_error);  // NOLINT(bugprone-use-after-move): the point of the test
   b.barrier().wait();
 
+  // The ring's threshold grows with the number of peers; one rank never needs it.
+  const std::size_t peers = static_cast<std::size_t>(b.size() - 1);
+  CHECK(b.ring_threshold() == (peers ? b.opts().ring_min_bytes * peers : ddp::mpi::options::never));
+  CHECK(ddp::mpi::communicator::world({.ring_min_bytes = ddp::mpi::options::never}).ring_threshold() ==
+        ddp::mpi::options::never);
+
   ddp::mpi::options o{.timeout = 2s, .ring_min_bytes = ddp::mpi::options::never};
   CHECK(o == ddp::mpi::options{.timeout = 2s, .ring_min_bytes = ddp::mpi::options::never});
   CHECK_FALSE(o == ddp::mpi::options{});

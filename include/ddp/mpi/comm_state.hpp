@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -90,6 +91,12 @@ class comm_state {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const options& opts() const noexcept { return opts_; }
   [[nodiscard]] const type_table& types() const noexcept { return types_; }
+  /// Allreduce groups of at least this many bytes run the ring (see options::ring_min_bytes).
+  [[nodiscard]] std::size_t ring_threshold() const noexcept {
+    if (size_ < 2 || opts_.ring_min_bytes == options::never) return options::never;
+    const auto peers = static_cast<std::size_t>(size_ - 1);
+    return opts_.ring_min_bytes > options::never / peers ? options::never : opts_.ring_min_bytes * peers;
+  }
   /// Thread level in effect: what MPI provides, capped by `options::max_thread_level`.
   [[nodiscard]] thread_level level() const noexcept { return level_; }
   /// True if this communicator locks around its MPI calls.

@@ -10,8 +10,8 @@
 /// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
 /// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
 ///   2+ tensors is copied into one staging buffer and reduced by one collective. Below
-///   `options::ring_min_bytes` a group goes through MPI_Iallreduce, from there through ddp's
-///   ring (see ring_allreduce.hpp for why).
+///   `ring_threshold()` a group goes through MPI_Iallreduce, from there through ddp's ring
+///   (see ring_allreduce.hpp for why).
 /// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
@@ -76,6 +76,9 @@ class communicator {
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
   /// ddp's sequence; use the parent communicator for the program's own traffic.
   [[nodiscard]] MPI_Comm native_handle() const { return live("native_handle").comm(); }
+  /// Allreduces (per dtype group) of at least this many bytes run ddp's ring, smaller ones
+  /// MPI_Iallreduce: `options::ring_min_bytes * (size() - 1)`; `options::never` on one rank.
+  [[nodiscard]] std::size_t ring_threshold() const { return live("ring_threshold").ring_threshold(); }
   /// Number of collectives issued so far (the next one's sequence number).
   [[nodiscard]] std::uint64_t issued() const { return live("issued").peek_seq(); }
 
@@ -303,7 +306,7 @@ class communicator {
   // INT_MAX elements). `avg` divides on completion (the ring divides by itself).
   void allreduce_region(detail::comm_state& s, detail::mpi_work& w, tensor_view region, reduce_op op) {
     if (region.count == 0) return;
-    if (size_ > 1 && region.bytes() >= s.opts().ring_min_bytes) {
+    if (region.bytes() >= s.ring_threshold()) {
       w.add_ring(region, op);
       return;
     }
