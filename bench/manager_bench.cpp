@@ -28,31 +28,12 @@
 #include <ddp/stores/file_store.hpp>
 
 #include "common/cli.hpp"
+#include "common/shapes.hpp"
 #include "common/stats.hpp"
 #include "common/table.hpp"
 
 namespace {
 
-std::vector<std::size_t> read_counts(const std::string& path) {
-  std::vector<std::size_t> out;
-  if (path.empty()) {  // a small default model so the program runs without a shapes file
-    for (int i = 0; i < 20; ++i) out.push_back(std::size_t{1} << 16);
-    return out;
-  }
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open shapes file " + path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string name, dims;
-    ls >> name >> dims;
-    std::size_t n = 1;
-    std::stringstream ds(dims);
-    for (std::string d; std::getline(ds, d, 'x');) n *= static_cast<std::size_t>(std::stoull(d));
-    out.push_back(n);
-  }
-  return out;
-}
 
 // Quorums over MPI: the ranks of the quorum are ordered by the Manager's membership.
 ddp::communicator_factory mpi_factory() {
@@ -96,7 +77,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int iters = static_cast<int>(args.int_or("--iters", 30));
-    const auto counts = read_counts(args.string_or("--shapes", ""));
+    const auto counts = bench::read_counts(args.string_or("--shapes", ""), std::vector<std::size_t>(20, std::size_t{1} << 16));
     std::vector<std::vector<float>> w, g;
     for (auto n : counts) {
       w.emplace_back(n, 0.5f);

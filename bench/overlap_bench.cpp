@@ -23,6 +23,7 @@
 #include <ddp/mpi.hpp>
 
 #include "common/cli.hpp"
+#include "common/shapes.hpp"
 #include "common/stats.hpp"
 #include "common/table.hpp"
 
@@ -30,26 +31,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-std::vector<std::size_t> read_counts(const std::string& path) {
-  std::vector<std::size_t> out;
-  if (path.empty()) {
-    for (int i = 0; i < 24; ++i) out.push_back(std::size_t{1} << (12 + i % 6));
-    return out;
-  }
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open shapes file " + path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string name, dims;
-    ls >> name >> dims;
-    std::size_t n = 1;
-    std::stringstream ds(dims);
-    for (std::string d; std::getline(ds, d, 'x');) n *= static_cast<std::size_t>(std::stoull(d));
-    out.push_back(n);
-  }
-  return out;
-}
 
 // Busy "compute": keeps the core busy like a real backward kernel would.
 void spin_for(std::chrono::nanoseconds d) {
@@ -80,7 +61,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int iters = static_cast<int>(args.int_or("--iters", 10));
-    const auto counts = read_counts(args.string_or("--shapes", ""));
+    std::vector<std::size_t> small;  // default: 24 tensors of 4 Ki .. 128 Ki elements
+    for (int i = 0; i < 24; ++i) small.push_back(std::size_t{1} << (12 + i % 6));
+    const auto counts = bench::read_counts(args.string_or("--shapes", ""), small);
     std::size_t total = 0;
     for (auto n : counts) total += n;
     std::vector<std::vector<float>> g;
