@@ -10,9 +10,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <ddp/error.hpp>
 #include <ddp/mpi/error.hpp>
@@ -149,6 +152,39 @@ class comm_state {
                           "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), e.g. through ddp::mpi::environment)");
   }
 
+  /// Scratch memory of at least `bytes`, reused from earlier collectives when possible: fresh
+  /// multi-MiB allocations are mmap'ed and page-faulted on every call, which measurably slows
+  /// large allreduces. Hand it back with `return_scratch`.
+  std::unique_ptr<std::byte[]> take_scratch(std::size_t bytes, std::size_t& capacity) {
+    {
+      std::lock_guard<std::mutex> lock(scratch_mutex_);
+      for (auto it = scratch_.begin(); it != scratch_.end(); ++it) {
+        if (it->second >= bytes) {
+          capacity = it->second;
+          auto buffer = std::move(it->first);
+          scratch_.erase(it);
+          return buffer;
+        }
+      }
+    }
+    capacity = bytes;
+    return std::make_unique_for_overwrite<std::byte[]>(bytes);
+  }
+
+  /// Keeps `buffer` for later collectives (a few, the largest), or frees it.
+  void return_scratch(std::unique_ptr<std::byte[]> buffer, std::size_t capacity) noexcept {
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    if (scratch_.size() < max_kept_scratch) {
+      scratch_.emplace_back(std::move(buffer), capacity);
+      return;
+    }
+    auto smallest = scratch_.begin();
+    for (auto it = scratch_.begin(); it != scratch_.end(); ++it) {
+      if (it->second < smallest->second) smallest = it;
+    }
+    if (smallest->second < capacity) *smallest = {std::move(buffer), capacity};
+  }
+
   /// The lock serialising this communicator's MPI calls at MPI_THREAD_SERIALIZED.
   [[nodiscard]] std::mutex& mutex() const noexcept { return mutex_; }
 
@@ -166,6 +202,10 @@ class comm_state {
   std::atomic<clock::rep> aborted_at_{0};
   std::atomic<std::uint64_t> seq_{0};
   std::atomic<int> leaked_{0};
+  // Enough for the rings of the buckets a trainer keeps in flight (2 segments each).
+  static constexpr std::size_t max_kept_scratch = 8;
+  std::mutex scratch_mutex_;
+  std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> scratch_;
 };
 
 /// Holds the communicator's lock for the scope when it serialises MPI calls; free otherwise.

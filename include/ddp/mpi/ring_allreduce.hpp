@@ -50,8 +50,11 @@ class ring_allreduce {
     const std::size_t seg_bytes = std::clamp<std::size_t>(comm.opts().ring_segment_bytes, elem_, INT_MAX);
     const std::size_t largest_block = block_of(0).count;
     seg_elems_ = std::max<std::size_t>(1, std::min(seg_bytes / elem_, largest_block));
-    scratch_ = std::make_unique_for_overwrite<std::byte[]>(2 * seg_elems_ * elem_);
+    scratch_ = comm.take_scratch(2 * seg_elems_ * elem_, scratch_capacity_);
   }
+
+  /// Returns the scratch memory to the communicator (never runs for a leaked ring).
+  ~ring_allreduce() { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
 
   ring_allreduce(const ring_allreduce&) = delete;
   ring_allreduce& operator=(const ring_allreduce&) = delete;
@@ -205,6 +208,7 @@ class ring_allreduce {
   int tag_;
   std::size_t seg_elems_ = 1;
   std::unique_ptr<std::byte[]> scratch_;  // two segments: the reduce-scatter receive window
+  std::size_t scratch_capacity_ = 0;
 
   phase phase_ = phase::reduce_scatter;
   int step_ = 0;
