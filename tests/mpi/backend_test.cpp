@@ -346,7 +346,7 @@ TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compa
   CHECK_FALSE(o == ddp::mpi::options{});
   std::ostringstream os;
   os << o;
-  CHECK(os.str() == "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, ring_segment_bytes: 1048576}");
+  CHECK(os.str() == "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, ring_segment_bytes: 4194304}");
 }
 
 TEST_CASE("mpi: communicators are independent; destroying one with work in flight is safe", "[mpi]") {

@@ -202,8 +202,9 @@ class comm_state {
   std::atomic<clock::rep> aborted_at_{0};
   std::atomic<std::uint64_t> seq_{0};
   std::atomic<int> leaked_{0};
-  // Enough for the rings of the buckets a trainer keeps in flight (2 segments each).
-  static constexpr std::size_t max_kept_scratch = 8;
+  // Enough for the rings of the buckets a trainer keeps in flight (2 segments each, 8 MiB by
+  // default: at most 32 MiB kept).
+  static constexpr std::size_t max_kept_scratch = 4;
   std::mutex scratch_mutex_;
   std::vector<std::pair<std::unique_ptr<std::byte[]>, std::size_t>> scratch_;
 };

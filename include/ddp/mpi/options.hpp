@@ -35,8 +35,9 @@ struct options {
   std::size_t ring_min_bytes = std::size_t{4} << 10;
 
   /// Message size of the ring: blocks are sent in segments of this many bytes, and a ring holds
-  /// two segments of scratch memory. Clamped to [element size, INT_MAX].
-  std::size_t ring_segment_bytes = std::size_t{1} << 20;
+  /// two segments of scratch memory. Clamped to [element size, INT_MAX]. 4 MiB measured best on
+  /// 2 ranks from 4 to 16 MiB allreduces (1 MiB segments: 1.1-1.5x slower than MPI_Allreduce).
+  std::size_t ring_segment_bytes = std::size_t{4} << 20;
 
   /// Value of `ring_min_bytes` that disables the ring.
   static constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
