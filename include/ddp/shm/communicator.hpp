@@ -42,6 +42,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -305,8 +306,11 @@ class communicator {
     leaders_ = std::move(parts.leaders);
     const node_topology& t = s_->topology;
     if (s_->shared) {
-      s_->engine.emplace(s_->shared->data(), parts.layout, t.node_rank, t.node_ranks(), s_->opts.spins_before_yield,
-                         s_->opts.single_phase_bytes);
+      // More ranks than CPUs: the peer a rank waits for may need this very core, so never spin.
+      const unsigned cpus = std::thread::hardware_concurrency();
+      const bool oversubscribed = cpus != 0 && static_cast<unsigned>(t.node_size) > cpus;
+      s_->engine.emplace(s_->shared->data(), parts.layout, t.node_rank, t.node_ranks(),
+                         oversubscribed ? 0u : s_->opts.spins_before_yield, s_->opts.single_phase_bytes);
       if (parts.layout.arena_bytes() > 0) {
         s_->pool = std::make_shared<shm::arena>(s_->shared->data() + parts.layout.arena(t.node_rank),
                                             parts.layout.arena_bytes(), s_->shared);
