@@ -24,24 +24,83 @@ if(MPI_CXX_LIBRARY_VERSION_STRING MATCHES "Open MPI")
   set(DDP_MPIEXEC_OVERSUBSCRIBE "--oversubscribe")
 endif()
 
-# ddp_mpi_command(<out-var> <ranks> <args...>): the launcher command line for <ranks> ranks.
+# Time limits: each test's TIMEOUT is a small multiple of its normal run time in an optimised
+# build on a 2-core machine. Sanitizer and Debug builds run several times slower, so
+# ddp_scale_test_timeouts() (called once, at the end of the top-level CMakeLists.txt) multiplies
+# every limit by DDP_TEST_TIMEOUT_SCALE (default: 5 with sanitizers, 2 for Debug, else 1).
+if(NOT DEFINED DDP_TEST_TIMEOUT_SCALE)
+  if(DDP_SANITIZE)
+    set(DDP_TEST_TIMEOUT_SCALE 5)
+  elseif(CMAKE_BUILD_TYPE STREQUAL "Debug")
+    set(DDP_TEST_TIMEOUT_SCALE 2)
+  else()
+    set(DDP_TEST_TIMEOUT_SCALE 1)
+  endif()
+endif()
+set(DDP_TEST_TIMEOUT_SCALE ${DDP_TEST_TIMEOUT_SCALE} CACHE STRING "Multiplier for every test's time limit")
+
+# Every multi-process run goes through scripts/ddp-run: it returns the ranks' result as soon as
+# they have all exited, kills an mpiexec stuck in Open MPI 4.1's teardown, and kills the whole job
+# at its own deadline, a few seconds before ctest's (docs/launching.md).
+set(DDP_RUN "${PROJECT_SOURCE_DIR}/scripts/ddp-run")
+
+# ddp_mpi_command(<out-var> <ranks> [TIMEOUT <s>] <program> [args...]): the command line that runs
+# <program> on <ranks> ranks. With TIMEOUT (the test's ctest timeout), ddp-run stops the job
+# 5 s earlier, naming the ranks still running (both limits scale with DDP_TEST_TIMEOUT_SCALE).
 function(ddp_mpi_command out ranks)
-  set(${out} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${DDP_MPIEXEC_OVERSUBSCRIBE}
-      ${MPIEXEC_PREFLAGS} ${ARGN} ${MPIEXEC_POSTFLAGS} PARENT_SCOPE)
+  set(args ${ARGN})
+  set(limit 0)
+  list(GET args 0 first)
+  if(first STREQUAL "TIMEOUT")
+    list(GET args 1 t)
+    list(REMOVE_AT args 0 1)
+    math(EXPR limit "${t} * ${DDP_TEST_TIMEOUT_SCALE} - 5")
+    if(limit LESS 5)
+      set(limit 5)
+    endif()
+  endif()
+  set(${out} ${DDP_RUN} --np ${ranks} --timeout ${limit} --grace 5 --mpiexec ${MPIEXEC_EXECUTABLE}
+      --mpi-flags "${DDP_MPIEXEC_OVERSUBSCRIBE} ${MPIEXEC_PREFLAGS}" ${args} ${MPIEXEC_POSTFLAGS} PARENT_SCOPE)
 endfunction()
 
 # ddp_add_mpi_test(<name> COMMAND <exe-and-args...> RANKS <n...> [LABELS ...] [TIMEOUT s])
-# registers <name>.np<N> for each N, run through mpiexec with the environment above.
+# registers <name>.np<N> for each N, run through ddp-run with the environment above. TIMEOUT is
+# the bound for the largest rank count (tests run one at a time, ranks oversubscribe 2 cores).
 function(ddp_add_mpi_test name)
   cmake_parse_arguments(A "" "TIMEOUT" "COMMAND;RANKS;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
-    set(A_TIMEOUT 120)
+    set(A_TIMEOUT 30)
   endif()
+  ddp_scale_test_timeouts()
   foreach(n IN LISTS A_RANKS)
-    ddp_mpi_command(cmd ${n} ${A_COMMAND})
+    ddp_mpi_command(cmd ${n} TIMEOUT ${A_TIMEOUT} ${A_COMMAND})
     add_test(NAME ${name}.np${n} COMMAND ${cmd})
     set_tests_properties(${name}.np${n} PROPERTIES
       LABELS "mpi;${A_LABELS}" TIMEOUT ${A_TIMEOUT} PROCESSORS ${n}
       ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endforeach()
+endfunction()
+
+# ddp_scale_test_timeouts(): at the end of the calling directory's CMakeLists.txt, multiply the
+# TIMEOUT of every test registered there by DDP_TEST_TIMEOUT_SCALE (set_tests_properties reaches
+# only the current directory's tests, hence one deferred call per directory).
+function(ddp_scale_test_timeouts)
+  if(DDP_TEST_TIMEOUT_SCALE EQUAL 1)
+    return()
+  endif()
+  get_property(done DIRECTORY PROPERTY DDP_TIMEOUT_SCALING)
+  if(NOT done)
+    set_property(DIRECTORY PROPERTY DDP_TIMEOUT_SCALING ON)
+    cmake_language(DEFER CALL _ddp_scale_timeouts_now)
+  endif()
+endfunction()
+function(_ddp_scale_timeouts_now)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS tests)
+    get_test_property(${t} TIMEOUT limit)
+    if(limit)
+      math(EXPR limit "${limit} * ${DDP_TEST_TIMEOUT_SCALE}")
+      set_tests_properties(${t} PROPERTIES TIMEOUT ${limit})
+    endif()
   endforeach()
 endfunction()

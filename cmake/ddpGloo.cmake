@@ -49,9 +49,9 @@ if(TARGET gloo)
       set(out ${CMAKE_CURRENT_BINARY_DIR}/smoke)
       file(MAKE_DIRECTORY ${out})
       add_test(NAME bench.gloo COMMAND gloo_bench --np 2 --max-bytes 65536 --iters 3 --repeat 1 --csv ${out}/gloo.csv)
-      set_tests_properties(bench.gloo PROPERTIES LABELS "bench;gloo" TIMEOUT 60 PROCESSORS 2)
+      set_tests_properties(bench.gloo PROPERTIES LABELS "bench;gloo" TIMEOUT 30 PROCESSORS 2)
       if(TARGET ddp_mpi)
-        ddp_add_mpi_test(bench.gloo_mpi RANKS 2 LABELS "bench;gloo" TIMEOUT 60
+        ddp_add_mpi_test(bench.gloo_mpi RANKS 2 LABELS "bench;gloo" TIMEOUT 30
           COMMAND $<TARGET_FILE:gloo_bench> --mpi --max-bytes 65536 --iters 3 --repeat 1 --csv ${out}/gloo_mpi.csv)
       endif()
     endif()

@@ -6,6 +6,7 @@
 #   share/cmake/ddp/ddpConfigVersion.cmake
 #   share/cmake/ddp/ddpTargets.cmake     ddp::ddp, ddp::mpi, ddp::nccl, ddp::gloo, ...
 #   share/cmake/ddp/FindNCCL.cmake       NCCL ships no package config before 2.29.7
+#   bin/ddp-run                          the MPI launcher that survives mpiexec's teardown hang
 # The build tree gets the same files in ${PROJECT_BINARY_DIR}, so `-Dddp_DIR=<build dir>` works
 # without installing.
 
@@ -43,6 +44,7 @@ endif()
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/ddp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp")
+install(PROGRAMS "${PROJECT_SOURCE_DIR}/scripts/ddp-run" DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(TARGETS ${DDP_EXPORTED_TARGETS} EXPORT ddpTargets)
 install(EXPORT ddpTargets
         NAMESPACE ddp::
@@ -55,21 +57,25 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake"
   ARCH_INDEPENDENT)
 
 # Install tree.
+set(DDP_CONFIG_RUN_PATH "${CMAKE_INSTALL_BINDIR}/ddp-run")
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/ddpConfig.cmake.in"
   "${PROJECT_BINARY_DIR}/ddp-install/ddpConfig.cmake"
-  INSTALL_DESTINATION "${DDP_INSTALL_CMAKEDIR}")
+  INSTALL_DESTINATION "${DDP_INSTALL_CMAKEDIR}"
+  PATH_VARS DDP_CONFIG_RUN_PATH)
 install(FILES
           "${PROJECT_BINARY_DIR}/ddp-install/ddpConfig.cmake"
           "${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake"
           "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake"
         DESTINATION "${DDP_INSTALL_CMAKEDIR}")
 
-# Build tree.
+# Build tree: the launcher is used from the source tree.
+set(DDP_CONFIG_RUN_PATH "${PROJECT_SOURCE_DIR}/scripts/ddp-run")
 export(EXPORT ddpTargets NAMESPACE ddp:: FILE "${PROJECT_BINARY_DIR}/ddpTargets.cmake")
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/ddpConfig.cmake.in"
   "${PROJECT_BINARY_DIR}/ddpConfig.cmake"
   INSTALL_DESTINATION "${PROJECT_BINARY_DIR}"
-  INSTALL_PREFIX "${PROJECT_BINARY_DIR}")
+  INSTALL_PREFIX "${PROJECT_BINARY_DIR}"
+  PATH_VARS DDP_CONFIG_RUN_PATH)
 configure_file("${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake" "${PROJECT_BINARY_DIR}/FindNCCL.cmake" COPYONLY)
 
 unset(_ddp_target)

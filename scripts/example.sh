@@ -7,4 +7,5 @@ build="${DDP_BUILD_DIR:-$root/build/default}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$(nproc)" --target train_mlp
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
-mpiexec -n 2 --oversubscribe "$build/examples/train_mlp"
+# ddp-run: returns when both ranks are done, even if mpiexec hangs in its teardown (docs/launching.md).
+"$root/scripts/ddp-run" --mpi-flags --oversubscribe -n 2 "$build/examples/train_mlp"

@@ -31,6 +31,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DDP_RUN = os.path.join(HERE, "..", "..", "scripts", "ddp-run")
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -100,7 +101,9 @@ class Runner:
 
     def ddp(self, case, model, shapes, extra):
         out = os.path.join(self.args.out_dir, "ddp_%s_%s.json" % (case, model))
-        cmd = [self.args.mpiexec, "-n", str(self.args.np)] + self.args.mpiexec_args + [self.args.ddp_bench, case, "--json", out]
+        # Through ddp-run: it returns once the ranks are done even if mpiexec hangs in its teardown.
+        cmd = [DDP_RUN, "--mpiexec", self.args.mpiexec, "--mpi-flags", " ".join(self.args.mpiexec_args),
+               "-n", str(self.args.np), self.args.ddp_bench, case, "--json", out]
         if shapes:
             cmd += ["--shapes", shapes, "--model", model]
         self.run(cmd + extra, "ddp     %s %s" % (case, model))
