@@ -70,7 +70,8 @@ void kill_one_of_three(Make make, int victim, const std::string& job, bool keep_
     } catch (const ddp::communication_error& e) {
       CHILD_CHECK(std::string(e.what()).find("failed earlier") != std::string::npos, e.what());
     }
-    CHILD_CHECK(std::chrono::steady_clock::now() - t0 < 100ms, "broken communicator took long to fail");
+    // Generous margin (a loaded machine may deschedule us): what matters is "far below the 5 s timeout".
+    CHILD_CHECK(std::chrono::steady_clock::now() - t0 < 1s, "broken communicator took long to fail");
     if (!keep_old_alive) old.reset();  // else: destroyed at the very end, after the new one worked
 
     auto comm = ddp::gloo::join(store, job, 1, "rank-" + std::to_string(rank),
@@ -118,7 +119,7 @@ void kill_one_of_three(Make make, int victim, const std::string& job, bool keep_
               << " ms after the kill: " << o.value("failure") << "\n";
     CHECK(latency >= 0);
     CHECK(latency < std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
-    CHECK(latency < 2000);  // a death is seen at once, by both survivors: no one waits for the timeout
+    CHECK(latency < 3000);  // a death is seen at once, by both survivors: no one waits for the 5 s timeout
     new_ranks.push_back(o.value("new_rank"));
   }
   std::sort(new_ranks.begin(), new_ranks.end());
@@ -222,8 +223,8 @@ TEST_CASE("gloo: abort fails pending work at once, here and on the peer", "[gloo
   const auto peer = ms_between(outs[0].value("abort_ns"), outs[1].value("failed_ns"));
   std::cout << "abort: pending work failed " << here << " ms later here, " << peer << " ms later on the peer ("
             << outs[1].value("failure") << ")\n";
-  CHECK(here < 1000);  // the timeout is 10 s: the running allreduce was woken, not timed out
-  CHECK(peer < 1000);
+  CHECK(here < 4000);  // the timeout is 10 s: the running allreduce was woken, not timed out
+  CHECK(peer < 4000);
 }
 
 TEST_CASE("gloo: abort wakes ddp's own ring (reduce_scatter) too", "[gloo][abort]") {
@@ -255,7 +256,7 @@ TEST_CASE("gloo: abort wakes ddp's own ring (reduce_scatter) too", "[gloo][abort
   INFO(gloo_test::describe_all(outs));
   REQUIRE(outs[0].ok());
   REQUIRE(outs[1].ok());
-  CHECK(std::stoi(outs[0].value("ms")) < 1000);
+  CHECK(std::stoi(outs[0].value("ms")) < 4000);  // woken by abort, not the 10 s timeout
 }
 
 TEST_CASE("gloo: dropping a pending work handle aborts the communicator", "[gloo][abort]") {
@@ -365,7 +366,7 @@ TEST_CASE("gloo: a member that never shows up is a timeout within connect_timeou
     REQUIRE(o.ok());
     std::cout << "missing member: " << o.value("ms") << " ms: " << o.value("failure") << "\n";
     CHECK(std::stoi(o.value("ms")) >= 900);
-    CHECK(std::stoi(o.value("ms")) < 3000);
+    CHECK(std::stoi(o.value("ms")) < 8000);  // our 1 s, with margin for load; gloo's own wait is 30 s
   }
 }
 
@@ -402,7 +403,7 @@ TEST_CASE("gloo: a stopped peer is a timeout error at the configured timeout", "
   std::cout << "stopped peer: timeout_error after " << outs[0].value("ms") << " ms: " << outs[0].value("failure")
             << "\n";
   CHECK(std::stoi(outs[0].value("ms")) >= 900);
-  CHECK(std::stoi(outs[0].value("ms")) < 3000);
+  CHECK(std::stoi(outs[0].value("ms")) < 5000);  // the configured 1 s, with margin for a loaded machine
 }
 
 TEST_CASE("gloo: a namespace is used by one communicator only", "[gloo][connect]") {

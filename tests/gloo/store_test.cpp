@@ -95,7 +95,7 @@ void check_contract(S& s) {
     CHECK(what.find("'w/3'") != std::string::npos);
     CHECK(what.find("'w/1'") == std::string::npos);
     CHECK(took >= 200ms);
-    CHECK(took < 1500ms);
+    CHECK(took < 3000ms);  // 200 ms, with margin for a loaded machine
   }
   SECTION("counters are atomic adds, separate from values") {
     CHECK(s.add("n/c", 0) == 0);

@@ -141,7 +141,7 @@ TEST_CASE("mpi: abort fails pending work and forbids further use, without MPI_Ab
 }
 
 TEST_CASE("mpi: after abort, work a peer never joins fails within one shared timeout", "[mpi][abort]") {
-  auto comm = ddp::mpi::communicator::world({.timeout = 600ms});
+  auto comm = ddp::mpi::communicator::world({.timeout = 2s});
   if (comm.size() < 2) return;
   // Deliberately never freed: rank 0's leaked requests complete when the peers join later.
   auto& bufs = *new std::vector<std::vector<float>>(3, std::vector<float>(8, 1.0f));
@@ -160,7 +160,7 @@ TEST_CASE("mpi: after abort, work a peer never joins fails within one shared tim
     }
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(failed == 3);
-    CHECK(took < 1500ms);  // one timeout for all three (3 x 600 ms would be 1.8 s)
+    CHECK(took < 4500ms);  // one timeout for all three (3 x 2 s would be 6 s); margin for a loaded machine
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() != 0) {
