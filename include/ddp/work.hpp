@@ -6,6 +6,12 @@
 /// - `test()` drives the operation forward (Open MPI makes no progress between calls) and returns
 ///   true once it completed; `wait()` blocks up to the operation's timeout. Both rethrow the
 ///   operation's error, every time they are called after it failed.
+/// - Waiting on several operations is one call with one deadline: `work::wait_all` (and a
+///   `work::all` handle's `wait()`) tests every pending part round-robin, so that backends which
+///   advance an operation only while its own handle is tested (ddp's MPI ring) move all of them,
+///   and gives up on all of them together when the deadline passes.
+/// - A `timeout_error` names the operation that did not complete, the timeout, and how long the
+///   wait really lasted.
 /// - Continuations added with `then()` run once, in the thread that observes completion, before
 ///   `test()`/`wait()` return; an exception from one becomes the work's error.
 /// - The destructor never throws and never starts communication. A still-pending operation is
@@ -19,6 +25,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -76,10 +83,12 @@ class work_state {
 
   /// Blocks until completion (true) or `deadline` (false). Throws on failure. The default polls
   /// with back-off: spinning first keeps small-message latency low, yielding later keeps
-  /// oversubscribed runs (4 ranks on 2 cores) moving.
+  /// oversubscribed runs (4 ranks on 2 cores) moving. A deadline already past costs one poll
+  /// (`work::wait_all` gives up on its pending parts that way).
   virtual bool wait_until(clock::time_point deadline) {
     for (unsigned spins = 0;; ++spins) {
       if (poll()) return true;
+      if (spins == 0 && clock::now() >= deadline) return false;
       if (spins >= 64) {
         if (clock::now() >= deadline) return false;
         if (spins < 4096) {
@@ -152,27 +161,49 @@ class [[nodiscard]] work {
   }
 
   /// Blocks until completion or the operation's timeout.
-  /// @throws timeout_error naming the operation; the operation's own error
-  void wait() { wait_for(state_ ? state_->info().timeout : default_timeout); }
+  /// @throws timeout_error naming the operation, the timeout and how long it waited; the
+  ///   operation's own error
+  void wait() { wait_for(timeout()); }
 
   /// Blocks until completion or `timeout`.
+  /// @throws as `wait()`
   void wait_for(std::chrono::milliseconds timeout) {
-    if (error_) std::rethrow_exception(error_);
-    if (!state_) return;
-    bool ok = false;
-    try {
-      ok = state_->wait_until(clock::now() + timeout);
-    } catch (...) {
-      fail(std::current_exception());
-    }
-    if (!ok) {
-      const op_info info = state_->info();
-      fail(std::make_exception_ptr(timeout_error(
-          info.rank, info.describe(),
-          "did not complete within " + std::to_string(timeout.count()) +
-              " ms (a peer is slow, dead, or issued a different collective)")));
-    }
-    complete();
+    const auto since = clock::now();
+    wait_from(since, since + timeout);
+  }
+
+  /// Blocks until completion or `deadline`.
+  /// @throws as `wait()`
+  void wait_until(clock::time_point deadline) { wait_from(clock::now(), deadline); }
+
+  /// Waits for every handle of `parts` (null pointers and completed handles count as done), with
+  /// one deadline for all of them:
+  /// - the pending parts are tested round-robin (a backend that advances an operation only while
+  ///   its handle is tested, like ddp's MPI ring, moves all of them), and when a single one is left
+  ///   its backend's own blocking wait takes over;
+  /// - `on_complete(i)` runs once for each part `i` as soon as it is seen complete (at once for a
+  ///   part that already is), e.g. to copy a bucket back while the others are still in flight;
+  /// - at `deadline` every part still pending fails with its own `timeout_error` (its backend is
+  ///   told, as by a timed-out `wait()`), and the first one is thrown: it names that collective,
+  ///   the timeout, how long this call really waited, and the other collectives still pending.
+  ///
+  /// Errors are not delayed: the first part that fails (or an exception from `on_complete`) is
+  /// rethrown at once; the other parts stay in their handles, still pending, and destroying or
+  /// waiting on them is the caller's business.
+  /// @throws timeout_error, or the first part's error
+  static void wait_all(std::span<work* const> parts, clock::time_point deadline,
+                       const std::function<void(std::size_t)>& on_complete = {});
+
+  /// `wait_all` with the deadline of the longest timeout among the pending parts (the
+  /// communicator's timeout when they share one), counted from now.
+  static void wait_all(std::span<work* const> parts, const std::function<void(std::size_t)>& on_complete = {});
+
+  /// `wait_all` over a vector (or any contiguous run) of handles.
+  static void wait_all(std::span<work> parts, const std::function<void(std::size_t)>& on_complete = {}) {
+    std::vector<work*> pointers;
+    pointers.reserve(parts.size());
+    for (work& w : parts) pointers.push_back(&w);
+    wait_all(std::span<work* const>(pointers), on_complete);
   }
 
   /// True once completed successfully. Does not drive progress.
@@ -181,7 +212,8 @@ class [[nodiscard]] work {
   [[nodiscard]] bool failed() const noexcept { return error_ != nullptr; }
   /// The stored error, or null.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
-  /// Deadline `wait()` uses (the backend's per-operation timeout).
+  /// Timeout `wait()` uses (the backend's per-operation timeout; for `work::all`, the longest of
+  /// its parts').
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept {
     return state_ ? state_->info().timeout : default_timeout;
   }
@@ -202,7 +234,8 @@ class [[nodiscard]] work {
   /// `then()` on a temporary: `comm.allreduce(...).then(fn)` yields the handle by rvalue.
   work&& then(std::function<void()> fn) && { return std::move(then(std::move(fn))); }
 
-  /// One handle for many: completes when all have; fails with the first error.
+  /// One handle for many: completes when all have; fails with the first error. Its `wait()` is
+  /// `wait_all` over the parts, with the longest of their timeouts.
   [[nodiscard]] static work all(std::vector<work> parts);
 
  private:
@@ -214,11 +247,57 @@ class [[nodiscard]] work {
     }
   }
 
-  void fail(std::exception_ptr e) {
+  // A wait that began at `since`: the timeout error says how long it lasted.
+  void wait_from(clock::time_point since, clock::time_point deadline) {
+    if (drive_until(deadline)) return;
+    fail(timeout_of(state_->info(), since, deadline, {}));
+  }
+
+  // Blocks in the backend until completion (true, continuations run) or `deadline` (false, the
+  // operation still pending: the caller decides). Throws the operation's error.
+  bool drive_until(clock::time_point deadline) {
+    if (error_) std::rethrow_exception(error_);
+    if (!state_) return true;
+    bool ok = false;
+    try {
+      ok = state_->wait_until(deadline);
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    if (!ok) return false;
+    complete();
+    return true;
+  }
+
+  // The timeout_error of `info` for a wait that began at `since` with deadline `deadline`;
+  // `others` are the collectives of the same wait that were still pending too.
+  static std::exception_ptr timeout_of(const op_info& info, clock::time_point since, clock::time_point deadline,
+                                       const std::vector<std::string>& others) {
+    using std::chrono::milliseconds;
+    const auto limit = std::chrono::round<milliseconds>(deadline - since).count();
+    const auto waited = std::chrono::round<milliseconds>(clock::now() - since).count();
+    std::string text = "did not complete within the " + std::to_string(limit) + " ms timeout: waited " +
+                       std::to_string(waited) + " ms";
+    if (!others.empty()) {
+      text += ", together with " + std::to_string(others.size()) + " other pending collective" +
+              (others.size() > 1 ? "s" : "") + " (";
+      for (std::size_t k = 0; k < others.size() && k < 4; ++k) text += (k ? ", " : "") + others[k];
+      text += others.size() > 4 ? ", ...)" : ")";
+    }
+    text += " (a peer is slow, dead, or issued a different collective)";
+    return std::make_exception_ptr(timeout_error(info.rank, info.describe(), text));
+  }
+
+  // Records `e` as the error: the backend is told to stop (abandon), continuations are dropped.
+  void set_error(std::exception_ptr e) noexcept {
     if (state_) state_->abandon();
     state_.reset();
     then_.clear();
     error_ = std::move(e);
+  }
+
+  [[noreturn]] void fail(std::exception_ptr e) {
+    set_error(std::move(e));
     std::rethrow_exception(error_);
   }
 
@@ -242,32 +321,103 @@ class [[nodiscard]] work {
   std::exception_ptr error_;
 };
 
+inline void work::wait_all(std::span<work* const> parts, clock::time_point deadline,
+                           const std::function<void(std::size_t)>& on_complete) {
+  const auto since = clock::now();
+  const std::size_t n = parts.size();
+  std::vector<bool> open(n, true);  // not yet seen complete
+  std::size_t left = n;
+  auto completed = [&](std::size_t i) {
+    open[i] = false;
+    --left;
+    if (on_complete) on_complete(i);
+  };
+  auto last_progress = since;
+  for (unsigned idle = 0; left > 0;) {
+    bool advanced = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!open[i]) continue;
+      if (parts[i] == nullptr || parts[i]->test()) {  // test() rethrows the part's error
+        completed(i);
+        advanced = true;
+      }
+    }
+    if (left == 0) return;
+    const auto now = clock::now();
+    if (advanced) {
+      idle = 0;
+      last_progress = now;
+      continue;
+    }
+    if (now >= deadline) break;
+    if (left == 1) {  // one left: its backend's own wait blocks efficiently (a condition variable, MPI's spin)
+      const auto i = static_cast<std::size_t>(std::find(open.begin(), open.end(), true) - open.begin());
+      if (!parts[i]->drive_until(deadline)) break;
+      completed(i);
+      return;
+    }
+    // Spin first (small collectives complete within microseconds), then give the core away:
+    // oversubscribed ranks (4 on 2 cores) need it. A wait that has seen no progress for a second
+    // polls gently: a hung peer should not burn a core until the deadline.
+    if (++idle > 64) {
+      if (now - last_progress > std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  // The deadline passed: one last look at each part (its backend learns that its wait timed out),
+  // then every part still pending fails with its own timeout_error.
+  std::vector<std::size_t> pending;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!open[i]) continue;
+    if (parts[i]->drive_until(deadline)) {
+      completed(i);
+    } else {
+      pending.push_back(i);
+    }
+  }
+  if (pending.empty()) return;
+  std::vector<std::string> names;
+  for (std::size_t i : pending) names.push_back(parts[i]->state_->info().describe());
+  for (std::size_t k = pending.size(); k-- > 0;) {  // the first one last: its error is thrown
+    std::vector<std::string> others = names;
+    others.erase(others.begin() + static_cast<std::ptrdiff_t>(k));
+    work& w = *parts[pending[k]];
+    w.set_error(timeout_of(w.state_->info(), since, deadline, others));
+  }
+  std::rethrow_exception(parts[pending.front()]->error_);
+}
+
+inline void work::wait_all(std::span<work* const> parts, const std::function<void(std::size_t)>& on_complete) {
+  std::chrono::milliseconds longest{0};
+  for (const work* w : parts) {
+    if (w != nullptr && w->state_) longest = std::max(longest, w->state_->info().timeout);
+  }
+  wait_all(parts, clock::now() + longest, on_complete);
+}
+
 namespace detail {
-/// State of `work::all`: polls its parts in order.
+/// State of `work::all`: its parts, tested round-robin; waited on with `work::wait_all`.
 class all_work_state final : public work_state {
  public:
-  explicit all_work_state(std::vector<work> parts)
-      : work_state(parts_info(parts)), parts_(std::move(parts)) {}
+  all_work_state(op_info info, std::vector<work> parts) : work_state(info), parts_(std::move(parts)) {}
   bool poll() override {
     bool all_done = true;
     for (auto& p : parts_) all_done = p.test() && all_done;
     return all_done;
   }
-  // Waiting part by part names the operation that timed out, not the group.
+  // A timeout names the part that did not complete, not the group.
   bool wait_until(clock::time_point deadline) override {
-    for (auto& p : parts_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      p.wait_for(std::max(left, std::chrono::milliseconds(0)));
-    }
+    std::vector<work*> pointers;
+    pointers.reserve(parts_.size());
+    for (auto& p : parts_) pointers.push_back(&p);
+    work::wait_all(pointers, deadline);
     return true;
   }
 
  private:
-  static op_info parts_info(const std::vector<work>&) {
-    op_info info;
-    info.name = "group";
-    return info;
-  }
   std::vector<work> parts_;
 };
 }  // namespace detail
@@ -276,10 +426,16 @@ inline work work::all(std::vector<work> parts) {
   std::erase_if(parts, [](const work& w) { return w.done(); });
   if (parts.empty()) return work::ready();
   if (parts.size() == 1) return std::move(parts.front());
+  op_info info;
+  info.name = "group";
+  info.timeout = std::chrono::milliseconds(0);
   for (auto& p : parts) {
     if (p.failed()) return work::failed(p.error());
+    if (info.rank < 0) info.rank = p.state_->info().rank;
+    info.timeout = std::max(info.timeout, p.state_->info().timeout);
+    info.count += p.state_->info().count;
   }
-  return work(std::make_unique<detail::all_work_state>(std::move(parts)));
+  return work(std::make_unique<detail::all_work_state>(info, std::move(parts)));
 }
 
 }  // namespace ddp

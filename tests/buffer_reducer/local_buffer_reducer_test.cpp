@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -204,4 +205,45 @@ TEST_CASE("local: buffers of the trainer's own tensor type, mixed dtypes", "[loc
       }
     }
   });
+}
+
+TEST_CASE("local: a peer that leaves costs sync() one timeout for all groups, and the error says what and how long",
+          "[local][buffer_reducer][timeout]") {
+  // Three groups (three dtypes), so one sync is three collectives; rank 1 leaves at the first
+  // (its collective number 1, after build()'s fingerprint allgather).
+  using namespace std::chrono_literals;
+  constexpr auto timeout = 400ms;
+  ddp::local::options opts;
+  opts.timeout = timeout;
+  opts.faults = {ddp::local::fault::leave_at(1, 1)};
+  std::string message;
+  double elapsed_ms = -1;
+  ddp::local::run(
+      2,
+      [&](ddp::local::communicator& comm) {
+        ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+        std::vector<float> a(5, 1.0f);
+        std::vector<double> b(6, 1.0);
+        std::vector<std::int32_t> c(7, 1);
+        buffers.add(a);
+        buffers.add(b);
+        buffers.add(c);
+        buffers.build();
+        REQUIRE(buffers.stats().collectives_per_sync == 3);
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          buffers.sync();  // rank 1 leaves in here
+        } catch (const ddp::timeout_error& e) {
+          elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+          message = e.what();
+        }
+      },
+      opts);
+  INFO(message);
+  REQUIRE(elapsed_ms >= 0);
+  CHECK(elapsed_ms >= 0.95 * 400);
+  CHECK(elapsed_ms < 2.5 * 400);  // the communicator's timeout, not work::all's 5-minute default
+  CHECK_THAT(message, Catch::Contains("allreduce #1"));
+  CHECK_THAT(message, Catch::Contains("400 ms timeout"));
+  CHECK_THAT(message, Catch::Matches(".*waited [0-9]+ ms.*"));
 }

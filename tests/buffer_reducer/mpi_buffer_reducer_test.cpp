@@ -1,6 +1,11 @@
 // BufferReducer over ddp::mpi::communicator, 2 to 4 processes: the same suite as the local test
 // (buffer_reducer_suite.hpp), plus the exact collective count seen by the backend.
 
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/mpi.hpp>
@@ -60,4 +65,40 @@ TEST_CASE("mpi: join hooks, by hand-made rounds and with the JoinContext", "[mpi
     INFO("period " << period);
     REQUIRE_NOTHROW(br_suite::join_context_uneven(comm, period));
   }
+}
+
+TEST_CASE("mpi: a rank that does not sync costs the others one timeout for all groups", "[mpi][buffer_reducer][timeout]") {
+  constexpr auto timeout = std::chrono::milliseconds(400);
+  auto comm = ddp::mpi::communicator::world({.timeout = timeout});
+  // Deliberately never freed: after a timeout MPI may still write the buffers (the leaked
+  // requests complete once the late rank joins, below).
+  auto& a = *new std::vector<float>(5, 1.0f);
+  auto& b = *new std::vector<double>(6, 1.0);
+  auto& c = *new std::vector<std::int32_t>(7, 1);
+  auto& buffers = *new ddp::BufferReducer<ddp::strategies::allreduce_sum>(comm);
+  buffers.add(a);
+  buffers.add(b);
+  buffers.add(c);
+  buffers.build();
+  REQUIRE(buffers.stats().collectives_per_sync == 3);
+  const bool late = comm.rank() == comm.size() - 1;
+  if (!late) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      buffers.sync();
+      FAIL("sync() completed without the last rank");
+    } catch (const ddp::timeout_error& e) {
+      message = e.what();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    INFO(message);
+    CHECK(ms < 2.5 * timeout.count());  // before: work::all's 5-minute default, then one timeout per group
+    CHECK_THAT(message, Catch::Contains("allreduce #1"));
+    CHECK_THAT(message, Catch::Contains("400 ms timeout"));
+    CHECK_THAT(message, Catch::Matches(".*waited [0-9]+ ms.*"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (late) REQUIRE_NOTHROW(buffers.sync());  // the others progress their leaked requests in the barrier
+  MPI_Barrier(MPI_COMM_WORLD);
 }

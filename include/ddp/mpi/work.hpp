@@ -98,13 +98,15 @@ class mpi_work final : public work_state {
 
   // Spins on MPI_Test like a blocking MPI call would: the caller has nothing else to do, and
   // every test is progress. Yields after a while (oversubscribed ranks), and polls gently once
-  // a wait has lasted a second (a hung peer should not burn a core until the timeout).
+  // a wait has lasted a second (a hung peer should not burn a core until the timeout). A
+  // deadline already past costs one test: work::wait_all expires every pending part that way,
+  // and on an oversubscribed node each MPI_Test may yield the core.
   bool wait_until(clock::time_point deadline) override {
     const auto start = clock::now();
     for (unsigned spins = 1;; ++spins) {
       if (poll()) return true;
       if (spins >= 1024) std::this_thread::yield();
-      if (spins % 64 == 0) {
+      if (spins % 64 == 0 || spins == 1) {
         const auto now = clock::now();
         if (now >= deadline) {
           timed_out_ = true;
