@@ -252,8 +252,7 @@ class Bucketer {
     }
     work used_map = launch_used_map(unmarked);
     const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters;
-    wait_all_locked(called, copy_each);
-    used_map.wait();
+    wait_all_locked(called, copy_each, used_map);
     if (opts_.find_unused_parameters) copy_back();
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
@@ -591,48 +590,27 @@ class Bucketer {
     current_.buckets[b].completed_ms = ms_between(iteration_start_, clock::now());
   }
 
-  // Drives every bucket until all completed, copying each one back as soon as it is done
+  // Waits for every bucket and `extra` (the used-gradient map) with one deadline (work::wait_all:
+  // round-robin, the buckets' timeout counted from here, an error naming the first bucket still
+  // pending and how long this waited), copying each bucket back as soon as it is done
   // (`copy_each`), so copies overlap the buckets still in flight.
-  void wait_all_locked(clock::time_point since, bool copy_each) {
-    std::chrono::milliseconds timeout{0};
+  void wait_all_locked(clock::time_point since, bool copy_each, work& extra) {
+    std::vector<work*> parts;
+    parts.reserve(buckets_.size() + 1);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (!buckets_[b].launched) {
         throw usage_error(comm_.rank(), "Bucketer::finalize",
                           "bucket " + std::to_string(b) + " could not launch: " +
                               std::to_string(pending_[b].load()) + " of its gradients were never marked ready");
       }
-      timeout = std::max(timeout, buckets_[b].inflight.timeout());
+      parts.push_back(&buckets_[b].inflight);
     }
-    const auto deadline = clock::now() + timeout;
-    std::size_t left = 0;
-    for (auto& bk : buckets_) left += bk.completed ? 0 : 1;
-    std::vector<bool> copied(buckets_.size(), false);
-    for (unsigned idle = 0;;) {
-      bool advanced = false;
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        bucket& bk = buckets_[b];
-        if (!bk.completed && bk.inflight.test()) {  // rethrows the bucket's error
-          note_completed(b);
-          --left;
-          advanced = true;
-        }
-        if (copy_each && bk.completed && !copied[b]) {
-          copy_back_bucket(b);
-          copied[b] = true;
-        }
-      }
-      if (left == 0) break;
-      if (advanced) {
-        idle = 0;
-        continue;
-      }
-      if (clock::now() >= deadline) {
-        for (auto& bk : buckets_) {
-          if (!bk.completed) bk.inflight.wait_for(std::chrono::milliseconds(0));  // throws timeout_error naming it
-        }
-      }
-      if (++idle > 64) std::this_thread::yield();
-    }
+    parts.push_back(&extra);
+    work::wait_all(parts, [&](std::size_t b) {
+      if (b >= buckets_.size()) return;  // the used-gradient map
+      note_completed(b);
+      if (copy_each) copy_back_bucket(b);
+    });
     next_complete_ = buckets_.size();
     current_.finalize_wait_ms = ms_between(since, clock::now());
   }
@@ -729,8 +707,7 @@ class Bucketer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b].store(0);
     launch_ready_locked();
     work used_map = launch_used_map({});
-    wait_all_locked(iteration_start_, false);
-    used_map.wait();
+    wait_all_locked(iteration_start_, false, used_map);
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
     stats_ = current_;

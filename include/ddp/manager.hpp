@@ -41,7 +41,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -566,16 +565,7 @@ class Manager {
         moved += chunk.bytes();
       }
     }
-    const auto deadline = clock::now() + (transfers.empty() ? std::chrono::milliseconds(0) : transfers.front().timeout());
-    for (bool all_done = false; !all_done;) {
-      all_done = true;
-      for (auto& w : transfers) all_done = w.test() && all_done;
-      if (all_done) break;
-      if (clock::now() >= deadline) {
-        for (auto& w : transfers) w.wait_for(std::chrono::milliseconds(0));  // throws timeout_error naming it
-      }
-      std::this_thread::yield();
-    }
+    work::wait_all(transfers);  // round-robin, one deadline, an error naming the first pending chunk
     const auto sc = scalars_();
     std::vector<std::int64_t> scalars(sc.begin(), sc.end());
     scalars.push_back(max_step);

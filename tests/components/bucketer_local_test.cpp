@@ -1,3 +1,7 @@
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
 
@@ -81,4 +85,43 @@ TEST_CASE("Bucketer: a failed step does not hang and the Bucketer can be destroy
       },
       opts);
   CHECK(errors == 3);
+}
+
+TEST_CASE("Bucketer: a peer that leaves costs finalize() one timeout, and the error says what and how long",
+          "[local][bucketer][fault][timeout]") {
+  // 4 buckets (one per gradient); rank 1 leaves at its first bucket's allreduce (its collective
+  // number 1, after build()'s layout check), so rank 0 has every bucket in flight and none completes.
+  constexpr auto timeout = std::chrono::milliseconds(400);
+  ddp::local::options opts;
+  opts.timeout = timeout;
+  opts.faults = {ddp::local::fault::leave_at(1, 1)};
+  std::string message;
+  double elapsed_ms = -1;
+  ddp::local::run(
+      2,
+      [&](ddp::local::communicator& c) {
+        std::vector<std::vector<float>> g(4, std::vector<float>(100, 1.0f));
+        ddp::Bucketer b(c, ddp::bucketing::size_capped{.cap_bytes = 400, .small_bucket_bytes = 400});
+        for (auto& x : g) b.add(x);
+        b.build();
+        REQUIRE(b.layout().size() == 4);
+        for (std::size_t i = 0; i < g.size(); ++i) b.mark_ready(i);  // rank 1 leaves in here
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          b.finalize();
+        } catch (const ddp::timeout_error& e) {
+          elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+          message = e.what();
+        }
+      },
+      opts);
+  INFO(message);
+  REQUIRE(elapsed_ms >= 0);                    // rank 0 got a timeout_error
+  CHECK(elapsed_ms >= 0.95 * timeout.count());
+  CHECK(elapsed_ms < 2.5 * timeout.count());  // one deadline for the whole finalize()
+  CHECK_THAT(message, Catch::Contains("allreduce #1 (sum, f32 x 100)"));  // the first bucket that did not complete
+  CHECK_THAT(message, Catch::Contains("400 ms timeout"));
+  CHECK_THAT(message, Catch::Matches(".*waited [0-9]+ ms.*"));
+  CHECK_THAT(message, Catch::Contains("3 other"));  // and says the other buckets were pending too
+  CHECK_THAT(message, !Catch::Contains("within 0 ms"));
 }

@@ -1,4 +1,8 @@
 // Bucketer and JoinContext over real MPI processes: the same cases as over local threads.
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 #include <ddp/mpi.hpp>
 
@@ -31,4 +35,43 @@ TEST_CASE("JoinContext over MPI through the checked communicator", "[mpi][join]"
   auto comm = make_world();
   ddp::checked_communicator checked(comm);
   REQUIRE_NOTHROW(join_cases::join_uneven_inputs(checked));
+}
+
+TEST_CASE("Bucketer over MPI: a rank that does not finalize costs the others one timeout, not one per bucket",
+          "[mpi][bucketer][timeout]") {
+  constexpr auto timeout = std::chrono::milliseconds(400);
+  auto comm = ddp::mpi::communicator::world({.timeout = timeout});
+  if (comm.size() < 2) return;
+  // Deliberately never freed: after a timeout MPI may still write the buckets and gradients
+  // (the leaked requests complete once the late rank joins, below).
+  auto& g = *new std::vector<std::vector<float>>(4, std::vector<float>(100, 1.0f));
+  auto& b = *new ddp::Bucketer(comm, ddp::bucketing::size_capped{.cap_bytes = 400, .small_bucket_bytes = 400});
+  for (auto& x : g) b.add(x);
+  b.build();
+  REQUIRE(b.layout().size() == 4);  // 400-byte buckets: MPI_Iallreduce, progressed by any MPI call
+  const bool late = comm.rank() == comm.size() - 1;
+  if (!late) {
+    for (std::size_t i = 0; i < g.size(); ++i) b.mark_ready(i);
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      b.finalize();
+      FAIL("finalize() completed without the last rank");
+    } catch (const ddp::timeout_error& e) {
+      message = e.what();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    INFO(message);
+    CHECK(ms < 2.5 * timeout.count());  // before: one timeout per bucket, one after the other
+    CHECK_THAT(message, Catch::Contains("allreduce #1 (sum, f32 x 100)"));
+    CHECK_THAT(message, Catch::Contains("400 ms timeout"));
+    CHECK_THAT(message, Catch::Matches(".*waited [0-9]+ ms.*"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (late) {
+    // Joins late; the others progress their leaked requests inside the barrier below.
+    for (std::size_t i = 0; i < g.size(); ++i) b.mark_ready(i);
+    REQUIRE_NOTHROW(b.finalize());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
