@@ -30,6 +30,18 @@ int main(int argc, char** argv) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
     expect(static_cast<int>(env.provided()) == provided, "provided() reports MPI's thread level");
+
+    // Errors raised on MPI_COMM_WORLD come back as codes instead of aborting the job (Open MPI
+    // reports some errors of non-blocking collectives there, even on a duplicate communicator).
+    MPI_Errhandler handler = MPI_ERRHANDLER_NULL;
+    MPI_Comm_get_errhandler(MPI_COMM_WORLD, &handler);
+    expect(handler == MPI_ERRORS_RETURN, "the environment set MPI_ERRORS_RETURN on MPI_COMM_WORLD");
+    if (handler != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&handler);
+    int world_size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    int payload = 0;
+    const int rc = MPI_Send(&payload, 1, MPI_INT, world_size + 1, 0, MPI_COMM_WORLD);  // no such rank
+    expect(rc != MPI_SUCCESS, "an erroneous call on MPI_COMM_WORLD returns an error code");
     {
       ddp::mpi::environment nested;  // MPI already running: borrowed, not owned
       expect(!nested.owns_mpi(), "a second environment does not own MPI");

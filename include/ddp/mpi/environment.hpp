@@ -15,6 +15,11 @@ namespace ddp::mpi {
 /// Works whether or not the program initialised MPI itself: with MPI already running it only
 /// records the thread level. MPI can be initialised once per process, so constructing an
 /// environment after MPI was finalized throws `usage_error`.
+///
+/// When it initialises MPI it sets `MPI_ERRORS_RETURN` on `MPI_COMM_WORLD`: Open MPI reports
+/// some errors of non-blocking collectives there even when they happen on a duplicate
+/// communicator, and the default handler would abort the whole job instead of letting ddp turn
+/// them into exceptions. (A program that initialises MPI itself keeps its own handler.)
 /// @code
 /// int main(int argc, char** argv) {
 ///   ddp::mpi::environment env(&argc, &argv);
@@ -42,6 +47,8 @@ class environment {
       detail::check(MPI_Init_thread(argc, argv, static_cast<int>(required), &provided), -1, "mpi::environment",
                     "MPI_Init_thread");
       owns_ = true;
+      detail::check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), -1, "mpi::environment",
+                    "MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)");
     }
     provided_ = static_cast<thread_level>(provided);
   }
