@@ -63,18 +63,37 @@ function(ddp_mpi_command out ranks)
       --mpi-flags "${DDP_MPIEXEC_OVERSUBSCRIBE} ${MPIEXEC_PREFLAGS}" ${args} ${MPIEXEC_POSTFLAGS} PARENT_SCOPE)
 endfunction()
 
-# ddp_add_mpi_test(<name> COMMAND <exe-and-args...> RANKS <n...> [LABELS ...] [TIMEOUT s])
+# ddp_add_mpi_test(<name> COMMAND <exe-and-args...> RANKS <n...> [LABELS ...] [TIMEOUT s]
+#                  [EXPECT_EXIT zero|nonzero|any] [EXPECT_REGEX <regex>])
 # registers <name>.np<N> for each N, run through ddp-run with the environment above. TIMEOUT is
 # the bound for the largest rank count (tests run one at a time, ranks oversubscribe 2 cores).
+# With EXPECT_EXIT or EXPECT_REGEX the run goes through ddpRunExpect.cmake, which checks the
+# job's exit status (default: zero) and that the combined output matches the regex: for runs
+# whose expected outcome is a clean failure.
 function(ddp_add_mpi_test name)
-  cmake_parse_arguments(A "" "TIMEOUT" "COMMAND;RANKS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "TIMEOUT;EXPECT_EXIT;EXPECT_REGEX" "COMMAND;RANKS;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 30)
   endif()
   ddp_scale_test_timeouts()
   foreach(n IN LISTS A_RANKS)
     ddp_mpi_command(cmd ${n} TIMEOUT ${A_TIMEOUT} ${A_COMMAND})
-    add_test(NAME ${name}.np${n} COMMAND ${cmd})
+    if(DEFINED A_EXPECT_EXIT OR DEFINED A_EXPECT_REGEX)
+      set(expect_exit zero)
+      if(DEFINED A_EXPECT_EXIT)
+        set(expect_exit ${A_EXPECT_EXIT})
+      endif()
+      set(expect_regex "")
+      if(DEFINED A_EXPECT_REGEX)
+        set(expect_regex "-DEXPECT_REGEX=${A_EXPECT_REGEX}")
+      endif()
+      # The launcher command stays one argument (a ;-list) for ddpRunExpect.cmake.
+      add_test(NAME ${name}.np${n}
+               COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_EXIT=${expect_exit} ${expect_regex}
+                       -P ${PROJECT_SOURCE_DIR}/cmake/ddpRunExpect.cmake)
+    else()
+      add_test(NAME ${name}.np${n} COMMAND ${cmd})
+    endif()
     set_tests_properties(${name}.np${n} PROPERTIES
       LABELS "mpi;${A_LABELS}" TIMEOUT ${A_TIMEOUT} PROCESSORS ${n}
       ENVIRONMENT "${DDP_MPI_TEST_ENV}")

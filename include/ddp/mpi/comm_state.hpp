@@ -1,8 +1,8 @@
 #pragma once
 /// @file mpi/comm_state.hpp
 /// @brief `detail::comm_state`: what a communicator and its in-flight work share (the duplicated
-/// MPI_Comm, datatypes, thread rules, abort flag, sequence counter). Held by shared_ptr so work
-/// outliving its communicator never touches freed memory.
+/// MPI_Comm, datatypes, thread rules, abort flag, first failure, sequence counter). Held by
+/// shared_ptr so work outliving its communicator never touches freed memory.
 
 #include <mpi.h>
 
@@ -19,6 +19,7 @@
 
 #include <ddp/error.hpp>
 #include <ddp/mpi/error.hpp>
+#include <ddp/mpi/failure_record.hpp>
 #include <ddp/mpi/options.hpp>
 #include <ddp/mpi/thread_level.hpp>
 #include <ddp/mpi/type_table.hpp>
@@ -38,7 +39,9 @@ namespace ddp::mpi::detail {
 class comm_state {
  public:
   /// Duplicates `parent` and sets up everything the collectives need. Collective over `parent`.
-  comm_state(MPI_Comm parent, const options& opts) : opts_(opts), owner_(std::this_thread::get_id()) {
+  /// Communication failures are also recorded in `failures` (an environment's), if not null.
+  comm_state(MPI_Comm parent, const options& opts, std::shared_ptr<failure_record> failures = nullptr)
+      : opts_(opts), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
     constexpr const char* where = "mpi::communicator";
     if (!mpi_running()) {
       throw usage_error(-1, where, "MPI is not running: create a ddp::mpi::environment (or call MPI_Init_thread) first");
@@ -124,11 +127,49 @@ class comm_state {
     if (aborted()) return;
     aborted_at_.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     aborted_.store(true, std::memory_order_release);
+    try {
+      note_failure("rank " + std::to_string(rank_), "the communicator was aborted (abort()); its peers are not told");
+    } catch (...) {
+      note_failure(std::string(), std::string());
+    }
   }
   [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
   /// When abort() was first called (valid once aborted()).
   [[nodiscard]] clock::time_point aborted_at() const noexcept {
     return clock::time_point(clock::duration(aborted_at_.load(std::memory_order_relaxed)));
+  }
+
+  /// Records a communication failure of `info` (an MPI error, a timed-out wait): the first one
+  /// starts the shared abandon deadline (see `abandon_deadline`) and is reported to the
+  /// environment the communicator was made with, whose destructor then skips MPI_Finalize.
+  void note_failure(const op_info& info, const std::string& what) noexcept {
+    try {
+      note_failure("rank " + std::to_string(info.rank) + ", " + info.describe(), what);
+    } catch (...) {
+      note_failure(std::string(), std::string());
+    }
+  }
+
+  /// Until when abandoning the pending operation `info` keeps driving it before leaking it: its
+  /// timeout from `now`; for work pending at abort(), from the abort; for work issued before
+  /// the first failure, from that failure. So N operations pending when things went wrong cost
+  /// one timeout together, not one each.
+  [[nodiscard]] clock::time_point abandon_deadline(const op_info& info, clock::time_point now) const noexcept {
+    clock::time_point deadline = (aborted() ? aborted_at() : now) + info.timeout;
+    if (failed_.load(std::memory_order_acquire) && info.seq < failed_seq_.load(std::memory_order_relaxed)) {
+      const clock::time_point failed_at(clock::duration(failed_at_.load(std::memory_order_relaxed)));
+      deadline = std::min(deadline, failed_at + info.timeout);
+    }
+    return deadline;
+  }
+
+  /// Checks the return code of an MPI call issuing `info`: a failure is recorded, then thrown.
+  void check_issue(int code, const op_info& info, const char* call) {
+    if (code != MPI_SUCCESS) [[unlikely]] {
+      const mpi_error e(info.rank, info.describe(), call, code);
+      note_failure(info, e.what());
+      throw e;
+    }
   }
 
   /// Records that abandoned work deliberately leaked requests that may still use this
@@ -198,8 +239,27 @@ class comm_state {
   int tag_ub_ = 32767;  // the minimum the MPI standard guarantees
   type_table types_;
   mutable std::mutex mutex_;
+  // Records the first failure (once; `failed_` is published last).
+  void note_failure(const std::string& where, const std::string& what) noexcept {
+    if (failing_.exchange(true)) return;
+    failed_at_.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    failed_seq_.store(peek_seq(), std::memory_order_relaxed);
+    failed_.store(true, std::memory_order_release);
+    if (!failures_) return;
+    try {
+      failures_->note(where.empty() ? what : where + ": " + what);
+    } catch (...) {
+      failures_->note(std::string());
+    }
+  }
+
   std::atomic<bool> aborted_{false};
   std::atomic<clock::rep> aborted_at_{0};
+  std::shared_ptr<failure_record> failures_;  // the environment's, or null
+  std::atomic<bool> failing_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<clock::rep> failed_at_{0};
+  std::atomic<std::uint64_t> failed_seq_{0};
   std::atomic<std::uint64_t> seq_{0};
   std::atomic<int> leaked_{0};
   // Enough for the rings of the buckets a trainer keeps in flight (2 segments each, 8 MiB by

@@ -16,6 +16,8 @@
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
 ///   failures become `mpi_error` (a `communication_error`) naming rank, operation and MPI's text.
+///   A communicator made with an `environment` records its failures there, so that the
+///   environment's destructor does not block in MPI_Finalize afterwards.
 /// - Threads: at MPI_THREAD_MULTIPLE any thread may call; at MPI_THREAD_SERIALIZED the
 ///   communicator locks around its MPI calls (so components may call it from several threads,
 ///   but the program's own MPI calls on other threads must be serialised by the program); below
@@ -36,6 +38,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/error.hpp>
 #include <ddp/mpi/comm_state.hpp>
+#include <ddp/mpi/environment.hpp>
 #include <ddp/mpi/error.hpp>
 #include <ddp/mpi/options.hpp>
 #include <ddp/mpi/thread_level.hpp>
@@ -53,8 +56,21 @@ class communicator {
   explicit communicator(MPI_Comm comm, options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
 
+  /// As above, made with `env`: a communication failure of this communicator (an MPI error, a
+  /// timed-out wait, `abort()`) is recorded in `env`, whose destructor then does not block in
+  /// MPI_Finalize even if the program caught the error. `env` need not outlive it.
+  communicator(const environment& env, MPI_Comm comm, options opts = {})
+      : state_(std::make_shared<detail::comm_state>(comm, opts, env.failures_)),
+        rank_(state_->rank()),
+        size_(state_->size()) {}
+
   /// A communicator over all processes (duplicates MPI_COMM_WORLD).
   [[nodiscard]] static communicator world(options opts = {}) { return communicator(MPI_COMM_WORLD, std::move(opts)); }
+
+  /// A communicator over all processes, made with `env` (see the constructor).
+  [[nodiscard]] static communicator world(const environment& env, options opts = {}) {
+    return communicator(env, MPI_COMM_WORLD, std::move(opts));
+  }
 
   /// Moves the handle; the moved-from communicator refuses every call with `usage_error`.
   communicator(communicator&&) noexcept = default;
@@ -164,7 +180,7 @@ class communicator {
       detail::call_guard guard(s);
       rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, type, out.data, n, type, s.comm(), w->new_request());
     }
-    detail::check(rc, info, "MPI_Iallgather");
+    s.check_issue(rc, info, "MPI_Iallgather");
     return work(std::move(w));
   }
 
@@ -190,7 +206,7 @@ class communicator {
       rc = MPI_Ireduce_scatter_block(in.data, out.data, static_cast<int>(out.count), s.types().datatype(out.type),
                                      s.types().op(out.type, op), s.comm(), w->new_request());
     }
-    detail::check(rc, info, "MPI_Ireduce_scatter_block");
+    s.check_issue(rc, info, "MPI_Ireduce_scatter_block");
     if (op == reduce_op::avg) w->divide_on_completion(out);
     return work(std::move(w));
   }
@@ -206,12 +222,13 @@ class communicator {
       detail::call_guard guard(s);
       rc = MPI_Ibarrier(s.comm(), w->new_request());
     }
-    detail::check(rc, info, "MPI_Ibarrier");
+    s.check_issue(rc, info, "MPI_Ibarrier");
     return work(std::move(w));
   }
 
   /// Local: pending work of this communicator fails with `communication_error`, later calls
-  /// throw `usage_error`. Peers are not told (they time out); MPI_Abort is never called.
+  /// throw `usage_error`. Peers are not told (they time out); MPI_Abort is never called. Counts
+  /// as a communication failure for the environment the communicator was made with.
   /// MPI cannot cancel a collective, so the failing work first lets MPI finish with its buffers:
   /// at most until abort time + timeout, for all pending work together, after which whatever
   /// MPI may still write is leaked (see work.hpp).
@@ -320,7 +337,7 @@ class communicator {
         rc = MPI_Iallreduce(MPI_IN_PLACE, region.byte_data() + done * size_of(region.type), static_cast<int>(n),
                             type, mpi_op, s.comm(), w.new_request());
       }
-      detail::check(rc, w.info(), "MPI_Iallreduce");
+      s.check_issue(rc, w.info(), "MPI_Iallreduce");
       done += n;
     }
     if (op == reduce_op::avg) w.divide_on_completion(region);
@@ -375,7 +392,7 @@ class communicator {
         detail::call_guard guard(s);
         rc = MPI_Ibcast(data + done * elem, static_cast<int>(n), type, root, s.comm(), w.new_request());
       }
-      detail::check(rc, w.info(), "MPI_Ibcast");
+      s.check_issue(rc, w.info(), "MPI_Ibcast");
       done += n;
     }
   }

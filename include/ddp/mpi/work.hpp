@@ -9,9 +9,14 @@
 ///
 /// Abandoning it while pending (handle destroyed, failed, or aborted) cannot cancel the
 /// collective: it keeps driving it up to its timeout, then deliberately leaks the requests and
-/// every buffer MPI may still write, and says so on stderr. A tensor reduced in place is the
-/// caller's memory: after a leak MPI may still write it if the peers eventually join, so a
-/// timed-out collective should be treated as fatal (or the tensor kept alive).
+/// every buffer MPI may still write, and says so on stderr. Work whose wait timed out is leaked
+/// at once; work pending when the communicator failed or was aborted shares one deadline. A
+/// tensor reduced in place is the caller's memory: after a leak MPI may still write it if the
+/// peers eventually join, so a timed-out collective should be treated as fatal (or the tensor
+/// kept alive).
+///
+/// Failures (an MPI error, a timed-out wait, an abandon that ran out of time) are recorded in the
+/// communicator's state, and from there in the environment the communicator was made with.
 
 #include <mpi.h>
 
@@ -60,7 +65,12 @@ class mpi_work final : public work_state {
   /// `comm_state::streams_per_op` per operation (one per dtype group).
   void add_ring(tensor_view region, reduce_op op) {
     rings_.push_back(std::make_unique<ring_allreduce>(*comm_, info(), region, op, rings_.size()));
-    rings_.back()->progress();
+    try {
+      rings_.back()->progress();
+    } catch (const communication_error& e) {
+      comm_->note_failure(info(), e.what());
+      throw;
+    }
   }
 
   /// Allocates staging memory owned by this operation (uninitialised).
@@ -91,7 +101,12 @@ class mpi_work final : public work_state {
                                 "the communicator was aborted (abort()) while this operation was pending");
     }
     comm_->check_thread(info().name);
-    if (!drive()) return false;
+    try {
+      if (!drive()) return false;
+    } catch (const communication_error& e) {
+      comm_->note_failure(info(), e.what());
+      throw;
+    }
     finish();
     return true;
   }
@@ -110,6 +125,7 @@ class mpi_work final : public work_state {
         const auto now = clock::now();
         if (now >= deadline) {
           timed_out_ = true;
+          comm_->note_failure(info(), "its wait timed out");
           return false;
         }
         if (now - start > std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -119,13 +135,14 @@ class mpi_work final : public work_state {
 
   // MPI cannot cancel a collective, and an in-place one writes the caller's tensor: wait for it
   // (driving it) up to its timeout, then leak what MPI may still write. Work pending when the
-  // communicator was aborted shares one deadline, abort time + timeout, so N pending
-  // operations never cost N timeouts. A work whose wait already timed out is leaked at once.
+  // communicator was aborted or first failed shares one deadline (comm_state::abandon_deadline),
+  // so N pending operations never cost N timeouts. A work whose wait already timed out is leaked
+  // at once.
   void abandon() noexcept override {
     if (!in_flight()) return;
     if (!timed_out_ && can_call_mpi()) {
       const auto now = clock::now();
-      const auto deadline = (comm_->aborted() ? comm_->aborted_at() : now) + info().timeout;
+      const auto deadline = comm_->abandon_deadline(info(), now);
       for (unsigned spins = 1; in_flight() && advance_quietly(); ++spins) {
         if (spins % 64 == 0 && clock::now() >= deadline) break;
         if (clock::now() - now > std::chrono::seconds(1)) {
@@ -136,6 +153,7 @@ class mpi_work final : public work_state {
       }
     }
     if (in_flight()) {
+      if (!timed_out_) comm_->note_failure(info(), "abandoned, and did not complete within its timeout");
       leak(timed_out_ ? "abandoned after its wait timed out" : "abandoned, and did not complete within its timeout");
     }
   }
