@@ -1,6 +1,6 @@
 // ddp::mpi::environment after a communication failure must not block in MPI_Finalize on a peer
 // that never arrives. `mpi_teardown <mode>`: every rank but the last issues an allreduce that the
-// last rank never joins (it holds on for 30 s, then exits normally), so the others time out after
+// last rank never joins (it holds on for 20 s, then exits normally), so the others time out after
 // 500 ms. What happens then, by mode:
 //   unwind: the timeout_error unwinds through the environment's destructor;
 //   caught: the error is caught inside the environment's scope, which then ends normally (the
