@@ -7,15 +7,23 @@
 /// Bucketer broadcasts the final parameters from the last rank to join). Training ranks call
 /// `notify()` once per iteration, before any joinable's collectives.
 ///
-/// Cost: `notify()` is exactly one int64 sum allreduce of `2 + K + ceil(size / 63)` elements for
+/// Cost: `notify()` is exactly one int64 sum allreduce of `2 + 2K + ceil(size / 63)` elements for
 /// all K joinables together. It carries how many ranks still train, which of them (the
-/// authoritative rank is the highest), and for each joinable how many training ranks run its
-/// collectives this iteration (a Bucketer in `no_sync` does not). PyTorch spends up to three
-/// float32/int64 allreduces per iteration for the same information. With `enable = false`
-/// nothing is communicated.
+/// authoritative rank is the highest), for each joinable how many training ranks run its
+/// collectives this iteration (a Bucketer in `no_sync` does not), and the order in which the
+/// training ranks issue the joinables' collectives. PyTorch spends up to three float32/int64
+/// allreduces per iteration for less information. With `enable = false` nothing is communicated.
+///
+/// Order: a rank that ran out of data runs the joinables' main hooks in the order in which the
+/// training ranks issue the joinables' collectives, not the order they were given in: each
+/// training rank's context learns that order from the joinables (`join_order_token`, see
+/// joinable.hpp) and carries it in the bookkeeping; ranks that disagree get a `mismatch_error`.
+/// Before any iteration has been observed the order is the registration order, with joinables
+/// that give a `join_issue_phase()` hint arranged by phase (a BufferReducer's sync before a
+/// Bucketer's buckets).
 ///
 /// Safety: the bookkeeping uses one dtype and a fixed length, so a rank that issues another
-/// collective in its place (a `barrier()` inside the loop, seed 004) is caught by the checked
+/// collective in its place (a `barrier()` inside the loop) is caught by the checked
 /// communicator (`ddp::checked_communicator`) or the local backend as a mismatch on every rank,
 /// or, on an unchecked backend, by the timeout; it never yields a garbage rank. Training ranks
 /// that disagree about whether a joinable communicates this iteration get a `mismatch_error`.
@@ -23,9 +31,13 @@
 /// `notify()` is reported and terminates the process (like a joinable `std::thread`), because
 /// the other ranks would otherwise wait for collectives that never come.
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -74,6 +86,7 @@ class early_termination : public error {
 template <joinable... Joinables>
 class JoinContext {
   static_assert(sizeof...(Joinables) > 0, "JoinContext needs at least one joinable");
+  static constexpr std::size_t K = sizeof...(Joinables);  // joinables
 
  public:
   /// All joinables must use the same communicator (the bookkeeping runs on it).
@@ -89,7 +102,9 @@ class JoinContext {
       throw usage_error(comm_.rank(), "JoinContext",
                         "all joinables must use the same communicator: the join bookkeeping runs on one");
     }
-    words_ = 1 + sizeof...(Joinables) + 1 + bitmap_words();
+    words_ = bitmap_offset() + bitmap_words();
+    log_ = std::make_shared<detail::join_order_log>(K);
+    initial_order();
   }
 
   JoinContext(const JoinContext&) = delete;
@@ -108,21 +123,26 @@ class JoinContext {
   /// Training rank, once per iteration, before any joinable's collectives: one int64 allreduce.
   /// Returns what it learned (ranks still training, authoritative rank, ...).
   /// @throws early_termination if `throw_on_early_termination` and some rank has run out
-  /// @throws mismatch_error if training ranks disagree whether a joinable communicates
+  /// @throws mismatch_error if training ranks disagree whether a joinable communicates, or on the
+  ///   order in which they issue the joinables' collectives
   const join_round& notify() {
     if (finished_) throw usage_error(comm_.rank(), "JoinContext::notify", "called after finish()");
     notified_ = true;
     if (!opts_.enable) return disabled_round();
+    merge(learned_, log_->sequence());  // the order the joinables issued in during the previous iteration
     std::vector<std::int64_t> words(words_, 0);
     words[0] = 1;
     std::size_t k = 1;
     std::apply([&](auto&... j) { ((words[k++] = detail::join_will_communicate(j) ? 1 : 0), ...); }, joinables_);
+    for (std::size_t p = 0; p < K; ++p) words[order_offset() + learned_[p]] = static_cast<std::int64_t>(p + 1);
     const auto r = static_cast<std::size_t>(comm_.rank());
     words[bitmap_offset() + r / 63] = std::int64_t{1} << (r % 63);
     exchange(words);
     if (round_.training < round_.world_size && opts_.throw_on_early_termination) throw_early_termination();
+    const std::uint64_t epoch = log_->begin();
     std::size_t j = 0;
-    std::apply([&](auto&... js) { (notify_one(js, j++), ...); }, joinables_);
+    std::apply([&](auto&... js) { (notify_one(js, j++, epoch), ...); }, joinables_);
+    round_.order_token = {};
     return round_;
   }
 
@@ -136,6 +156,7 @@ class JoinContext {
     summary.authoritative_rank = comm_.size() - 1;
     summary.options = opts_.hooks;
     if (!opts_.enable) return summary;
+    log_->close();  // tokens the joinables still hold record nothing from now on
     try {
       auto hooks = std::apply([&](auto&... j) { return std::make_tuple(j.join_hook(opts_.hooks)...); }, joinables_);
       for (;;) {
@@ -143,10 +164,7 @@ class JoinContext {
         exchange(words);
         if (round_.training == 0) break;
         if (opts_.throw_on_early_termination) throw_early_termination();
-        std::apply([&](auto&... h) {
-          std::size_t j = 0;
-          (shadow_one(h, j++), ...);
-        }, hooks);
+        shadow_in_order(hooks, std::make_index_sequence<K>{});
       }
       if (!last_training_.empty()) {
         summary.is_last_joiner = last_training_[static_cast<std::size_t>(comm_.rank())];
@@ -174,16 +192,71 @@ class JoinContext {
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_; }
   /// The options the context was built with.
   [[nodiscard]] const join_options& options() const noexcept { return opts_; }
+  /// The order in which a rank that ran out of data shadows the joinables (indices in the order
+  /// they were given to the constructor). Between iterations on a training rank: the order
+  /// learned so far, this iteration included (what the next `notify()` will carry); after
+  /// `finish()`: the order of the last round anyone trained in.
+  [[nodiscard]] std::array<std::size_t, sizeof...(Joinables)> shadow_order() const {
+    if (finished_) return carried_;
+    std::array<std::size_t, K> order = learned_;
+    merge(order, log_->sequence());
+    return order;
+  }
 
  private:
   [[nodiscard]] std::size_t bitmap_words() const { return (static_cast<std::size_t>(comm_.size()) + 62) / 63; }
-  [[nodiscard]] std::size_t bitmap_offset() const { return 1 + sizeof...(Joinables) + 1; }
+  [[nodiscard]] static constexpr std::size_t order_offset() { return 1 + K; }
+  [[nodiscard]] static constexpr std::size_t length_index() { return 1 + 2 * K; }
+  [[nodiscard]] static constexpr std::size_t bitmap_offset() { return 2 + 2 * K; }
 
-  // The one bookkeeping collective. Word layout:
+  // Registration order, with the joinables that give a phase hint arranged by phase (stable) in
+  // the places they occupy.
+  void initial_order() {
+    for (std::size_t p = 0; p < K; ++p) learned_[p] = p;
+    std::vector<std::pair<join_phase, std::size_t>> hinted;
+    std::size_t j = 0;
+    std::apply([&](auto&... js) {
+      ((void)[&](auto& one) {
+         if (const auto phase = detail::join_issue_phase(one)) hinted.emplace_back(*phase, j);
+         ++j;
+       }(js),
+       ...);
+    }, joinables_);
+    std::stable_sort(hinted.begin(), hinted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::size_t> sequence;
+    for (const auto& h : hinted) sequence.push_back(h.second);
+    merge(learned_, sequence);
+    carried_ = learned_;
+  }
+
+  // Merges an observed issue order (the joinables that reported, first issue first) into the
+  // learned order: the places those joinables occupy receive them in the observed order; the
+  // others stay where they are. So an iteration in which only some joinables communicate does
+  // not forget where the others go.
+  static void merge(std::array<std::size_t, K>& order, const std::vector<std::size_t>& sequence) {
+    if (sequence.size() < 2) return;
+    std::array<std::size_t, K> place{};
+    for (std::size_t p = 0; p < K; ++p) place[order[p]] = p;
+    std::vector<std::size_t> places;
+    places.reserve(sequence.size());
+    for (std::size_t j : sequence) places.push_back(place[j]);
+    std::sort(places.begin(), places.end());
+    for (std::size_t i = 0; i < sequence.size(); ++i) order[places[i]] = sequence[i];
+  }
+
+  static std::string order_text(const std::array<std::size_t, K>& order) {
+    std::string text;
+    for (std::size_t j : order) text += (text.empty() ? "" : ", ") + std::to_string(j);
+    return text;
+  }
+
+  // The one bookkeeping collective. Word layout (K joinables):
   //   [0] ranks training, [1..K] per joinable: training ranks that communicate,
-  //   [K+1] length check (every rank adds its word count), [K+2..] bitmap of training ranks.
+  //   [K+1..2K] per joinable: sum over training ranks of its 1-based place in their learned
+  //   issue order (joined ranks add 0), [2K+1] length check (every rank adds its word count),
+  //   [2K+2..] bitmap of training ranks.
   void exchange(std::vector<std::int64_t>& words) {
-    words[1 + sizeof...(Joinables)] = static_cast<std::int64_t>(words_);
+    words[length_index()] = static_cast<std::int64_t>(words_);
     try {
       comm_.allreduce(words, reduce_op::sum).wait();
     } catch (...) {
@@ -191,12 +264,12 @@ class JoinContext {
       throw;
     }
     const int size = comm_.size();
-    if (words[1 + sizeof...(Joinables)] != static_cast<std::int64_t>(words_) * size) {
+    if (words[length_index()] != static_cast<std::int64_t>(words_) * size) {
       failed_ = true;
       throw mismatch_error(comm_.rank(), "JoinContext bookkeeping",
                            "ranks disagree on the bookkeeping layout (different joinables or a misaligned "
                            "collective); received length check " +
-                               std::to_string(words[1 + sizeof...(Joinables)]) + ", expected " +
+                               std::to_string(words[length_index()]) + ", expected " +
                                std::to_string(words_ * static_cast<std::size_t>(size)));
     }
     round_.iteration = rounds_++;
@@ -233,13 +306,67 @@ class JoinContext {
                                  " will); e.g. a Bucketer is in no_sync on some ranks only");
       }
     }
-    if (round_.training > 0) last_training_ = round_.is_training;
+    if (round_.training > 0) {
+      check_order(words);
+      last_training_ = round_.is_training;
+    }
+  }
+
+  // Every training rank added the places of the joinables in its learned order, each a
+  // permutation of 1..K. All such vectors have the same length, so their average is itself a
+  // permutation (every sum divisible by the training count, the quotients 1..K once each) only if
+  // all ranks added the same one: this check is exact. Every rank sees the same sums, so every
+  // rank throws, or none.
+  void check_order(const std::vector<std::int64_t>& words) {
+    const std::int64_t t = round_.training;
+    std::array<bool, K> taken{};
+    std::array<std::size_t, K> order{};
+    bool agreed = true;
+    for (std::size_t j = 0; j < K && agreed; ++j) {
+      const std::int64_t sum = words[order_offset() + j];
+      const std::int64_t place = sum / t;
+      agreed = sum % t == 0 && place >= 1 && place <= static_cast<std::int64_t>(K) &&
+               !taken[static_cast<std::size_t>(place - 1)];
+      if (agreed) {
+        taken[static_cast<std::size_t>(place - 1)] = true;
+        order[static_cast<std::size_t>(place - 1)] = j;
+      }
+    }
+    if (agreed) {
+      carried_ = order;
+      return;
+    }
+    failed_ = true;
+    std::string sums;
+    for (std::size_t j = 0; j < K; ++j) sums += (j ? ", " : "") + std::to_string(words[order_offset() + j]);
+    throw mismatch_error(
+        comm_.rank(), "JoinContext iteration " + std::to_string(round_.iteration),
+        "training ranks disagree on the order in which the joinables issue their collectives (summed places per "
+        "joinable: " + sums + " over " + std::to_string(t) + " training ranks, which is not " + std::to_string(t) +
+            " times one order); " +
+            (finished_ ? std::string("this rank has joined")
+                       : "this rank issued them in the order " + order_text(learned_) +
+                             " (joinables numbered as given to the context)") +
+            ". Every rank must issue the joinables' collectives in the same order, each joinable's contiguously");
   }
 
   template <class J>
-  void notify_one(J& j, std::size_t index) {
+  void notify_one(J& j, std::size_t index, std::uint64_t epoch) {
     round_.communicating = static_cast<int>(communicating_[index]);
+    round_.order_token = detail::make_join_order_token(log_, epoch, index);
     detail::join_notified(j, round_);
+  }
+
+  // Runs the round's main hooks in the carried order: a table of one function per joinable.
+  template <class Hooks, std::size_t... I>
+  void shadow_in_order(Hooks& hooks, std::index_sequence<I...>) {
+    using shadow_fn = void (*)(JoinContext&, Hooks&);
+    static constexpr std::array<shadow_fn, K> table{&JoinContext::shadow_at<Hooks, I>...};
+    for (std::size_t j : carried_) table[j](*this, hooks);
+  }
+  template <class Hooks, std::size_t I>
+  static void shadow_at(JoinContext& context, Hooks& hooks) {
+    context.shadow_one(std::get<I>(hooks), I);
   }
 
   template <class H>
@@ -278,6 +405,9 @@ class JoinContext {
   std::size_t words_ = 0;
   join_round round_;
   std::vector<std::int64_t> communicating_;
+  std::shared_ptr<detail::join_order_log> log_;  // what the joinables issued, this iteration
+  std::array<std::size_t, K> learned_{};         // learned issue order (joinable indices), what notify() carries
+  std::array<std::size_t, K> carried_{};         // the order agreed in the last round, what finish() shadows in
   std::vector<bool> last_training_;
   std::uint64_t rounds_ = 0;
   bool notified_ = false;
