@@ -329,8 +329,14 @@ class Bucketer {
   /// False inside a no-sync scope: this iteration launches no bucket collectives.
   [[nodiscard]] bool join_will_communicate() const noexcept { return !no_sync_; }
   /// Records the round's divisor (`join_round::divisor()`) for the iteration about to start
-  /// (`notify()` precedes its collectives), so averages stay correct once some ranks have joined.
-  void join_notified(const join_round& round) noexcept { notified_divisor_ = round.divisor(); }
+  /// (`notify()` precedes its collectives), so averages stay correct once some ranks have joined,
+  /// and its order token, told when the first bucket launches.
+  void join_notified(const join_round& round) noexcept {
+    notified_divisor_ = round.divisor();
+    order_token_ = round.order_token;
+  }
+  /// Buckets launch during the backward pass (the context's first guess at the issue order).
+  [[nodiscard]] static constexpr join_phase join_issue_phase() noexcept { return join_phase::backward; }
 
   /// Join hook: the main hook mirrors one synchronised iteration with zero gradients (same hook,
   /// same buckets, same order); the post hook broadcasts the registered parameters from the
@@ -514,6 +520,7 @@ class Bucketer {
   }
 
   void launch_locked(std::size_t b) {
+    order_token_.collective_issued();  // the JoinContext learns the order of the joinables' collectives
     bucket& bk = buckets_[b];
     grad_bucket gb{b, buckets_.size(), bk.data, comm_, divisor_, shadowing_};
     if (prescaled(bk.data.type)) {
@@ -630,6 +637,7 @@ class Bucketer {
     used_.assign(entries_.size(), 1);
     for (std::size_t i : unmarked) used_[i] = 0;
     if (shadowing_) std::fill(used_.begin(), used_.end(), std::uint8_t{0});
+    order_token_.collective_issued();  // first only with no buckets at all
     ++current_.collectives;
     return comm_.allreduce(used_, reduce_op::max);
   }
@@ -777,6 +785,7 @@ class Bucketer {
   bool shadowing_ = false;
   int divisor_;                // of the running iteration
   int notified_divisor_ = 0;   // from join_notified() for the next iteration (0: none)
+  join_order_token order_token_;  // from join_notified(): records when this Bucketer first launches
   std::size_t next_launch_ = 0;
   std::size_t next_complete_ = 0;
   clock::time_point iteration_start_{};

@@ -270,6 +270,7 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
     ++stats_.syncs;
     const std::optional<join_round> round = std::exchange(round_, std::nullopt);
     if (!communicate) return work::ready();
+    if (round) round->collective_issued();  // the JoinContext learns the order of the joinables' collectives
     ++stats_.communicating_syncs;
     return track(issue(round ? &*round : nullptr, false));
   }
@@ -715,6 +716,8 @@ class BufferReducer {
   /// Records the round for the next `sync()`: it picks a training broadcast root and the mean's
   /// divisor from it, exactly as the joined ranks' hooks do.
   void join_notified(const join_round& round) { state_->record_round(round); }
+  /// Syncs run at the start of the step (the context's first guess at the issue order).
+  [[nodiscard]] static constexpr join_phase join_issue_phase() noexcept { return join_phase::before_forward; }
 
   // ---- introspection ----------------------------------------------------------------------------
 
