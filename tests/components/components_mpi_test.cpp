@@ -75,3 +75,31 @@ TEST_CASE("Bucketer over MPI: a rank that does not finalize costs the others one
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+TEST_CASE("JoinContext over MPI: a Bucketer and a BufferReducer in one context, in both registration orders",
+          "[mpi][join][order]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(join_cases::bucketer_and_buffers(comm));
+}
+
+TEST_CASE("JoinContext over MPI: the issue order learned survives an iteration in which one joinable is silent",
+          "[mpi][join][order]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(join_cases::order_learned_across_no_sync(comm));
+}
+
+TEST_CASE("JoinContext over MPI: a rank without data shadows round 0 in the hinted order", "[mpi][join][order]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(join_cases::rank_without_data(comm));
+}
+
+TEST_CASE("JoinContext over MPI: what the context learns about the issue order", "[mpi][join][order]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(join_cases::learned_order(comm));
+}
+
+TEST_CASE("JoinContext over MPI: training ranks that issue their joinables in different orders get mismatch_error",
+          "[mpi][join][order]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(join_cases::order_disagreement(comm));
+}

@@ -1,6 +1,8 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
@@ -43,6 +45,72 @@ TEST_CASE("JoinContext over local ranks", "[local][join]") {
   for (int n : {1, 2, 3, 4}) {
     INFO("ranks " << n);
     REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::run_all(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: a Bucketer and a BufferReducer in one context, in both registration orders",
+          "[local][join][order]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::bucketer_and_buffers(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: the issue order learned survives an iteration in which one joinable is silent",
+          "[local][join][order]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::order_learned_across_no_sync(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: training ranks that issue their joinables in different orders get mismatch_error",
+          "[local][join][order]") {
+  for (int n : {2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::order_disagreement(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: a rank without data shadows round 0 in the hinted order", "[local][join][order]") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::rank_without_data(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: what the context learns about the issue order", "[local][join][order]") {
+  for (int n : {1, 2, 3}) {
+    INFO("ranks " << n);
+    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::learned_order(c); }));
+  }
+}
+
+TEST_CASE("JoinContext: a wrong round-0 guess is an error on every rank, not a hang", "[local][join][order]") {
+  // Rank 0 has no data and the buffers sync after backward: the hinted order (buffers first) is
+  // wrong for round 0, and nothing has been observed yet.
+  for (int n : {2, 3}) {
+    INFO("ranks " << n);
+    std::vector<std::string> errors(static_cast<std::size_t>(n));
+    const auto start = std::chrono::steady_clock::now();
+    on_ranks(
+        n,
+        [&](ddp::communicator_ref c) {
+          join_cases::loop_shape shape;
+          shape.sync_after_backward = true;
+          shape.base_batches = 0;
+          try {
+            (void)join_cases::train_with_buffers(c, shape);
+          } catch (const ddp::error& e) {
+            errors[static_cast<std::size_t>(c.rank())] = e.what();
+          }
+        },
+        1s);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    for (const auto& e : errors) {
+      INFO(e);
+      CHECK(e.find("different collectives") != std::string::npos);
+    }
   }
 }
 
