@@ -440,7 +440,11 @@ class Bucketer {
       recording_ = true;
       ready_order_.assign(entries_.size(), 0);
     }
+    // A lazy build (at the first mark_ready) runs after notify() told this iteration's divisor:
+    // installing the layout resets the iteration, but not what the join bookkeeping said.
+    const int notified = notified_divisor_;
     install_layout(std::move(l), false);
+    notified_divisor_ = notified;
     if (opts_.check_layout) check_layout_across_ranks();
     built_.store(true, std::memory_order_release);
     if (opts_.progress_interval.count() > 0 && !progress_thread_.joinable()) {

@@ -86,6 +86,7 @@ struct train_options {
   bool use_join = true;
   bool barrier_in_loop = false;    // seed 004 cases 3 and 4
   bool barrier_after = false;      // cases 5 and 6
+  bool explicit_build = true;      // false: the Bucketer builds itself at the first mark_ready
   ddp::join_options join{};
 };
 
@@ -95,7 +96,7 @@ inline linear_model train(ddp::communicator_ref comm, const train_options& o) {
   ddp::Bucketer grads(comm);
   grads.add(m.w, m.gw);
   grads.add(m.b, m.gb);
-  grads.build();
+  if (o.explicit_build) grads.build();
   const int batches = o.base_batches + comm.rank();
   auto step = [&](int t) {
     m.compute_gradients(comm.rank(), t);
@@ -148,6 +149,18 @@ inline void join_uneven_inputs(ddp::communicator_ref comm) {
                            std::string("join, divide_by_initial_world_size=") + (divide_initial ? "true" : "false") +
                                (barrier_after ? ", barrier after" : ""));
     }
+  }
+  // A Bucketer built lazily (at its first mark_ready, after notify() told it the divisor) keeps
+  // that divisor: rank 0 has no data, so round 0 already divides by fewer ranks than the world.
+  for (bool divide_initial : {true, false}) {
+    train_options o;
+    o.base_batches = 0;
+    o.explicit_build = false;
+    o.join.hooks.divide_by_initial_world_size = divide_initial;
+    const auto got = train(comm, o);
+    expect_model_matches(comm, got, reference(comm.size(), o.base_batches, divide_initial),
+                         std::string("join, lazy build, rank 0 without data, divide_by_initial_world_size=") +
+                             (divide_initial ? "true" : "false"));
   }
 }
 
