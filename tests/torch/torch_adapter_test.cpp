@@ -1,0 +1,291 @@
+// The libtorch adapter (<ddp/torch.hpp>) in one process: at::Tensor traits, the AccumulateGrad
+// hook registry (hooks fire once per backward pass, survive between iterations, and are removed
+// when the Bucketer goes: re-creating it 10 times leaves exactly one hook per parameter, counted
+// by libtorch itself), and register_module.
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <ddp/bucketer.hpp>
+#include <ddp/buffer_reducer.hpp>
+#include <ddp/local.hpp>
+#include <ddp/torch.hpp>
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Linear -> BatchNorm1d -> ReLU -> Linear, with a frozen parameter and a tied one.
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::Tensor frozen, tied;
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
+    bn = register_module("bn", torch::nn::BatchNorm1d(5));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
+    frozen = register_parameter("frozen", torch::ones({3}), /*requires_grad=*/false);
+    tied = register_parameter("tied", fc2->bias);  // the same tensor under a second name
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))) * frozen; }
+};
+TORCH_MODULE(Net);
+
+torch::Tensor loss_of(Net& net, int seed) {
+  torch::manual_seed(static_cast<std::uint64_t>(seed));
+  const auto x = torch::randn({8, 6});
+  return net->forward(x).pow(2).mean();
+}
+
+std::size_t trainable_parameters(const Net& net) {
+  std::size_t n = 0;
+  for (const auto& p : net->parameters()) n += p.requires_grad() ? 1 : 0;
+  return n - 1;  // `tied` is fc2.bias
+}
+
+}  // namespace
+
+TEST_CASE("at::Tensor dtypes map to ddp dtypes; others are a usage_error naming them", "[torch][tensor]") {
+  STATIC_REQUIRE(ddp::tensor<at::Tensor>);
+  STATIC_REQUIRE(ddp::tensor<torch::Tensor>);
+  const std::vector<std::pair<c10::ScalarType, ddp::dtype>> pairs{
+      {torch::kHalf, ddp::dtype::f16}, {torch::kBFloat16, ddp::dtype::bf16}, {torch::kFloat, ddp::dtype::f32},
+      {torch::kDouble, ddp::dtype::f64}, {torch::kChar, ddp::dtype::i8},     {torch::kByte, ddp::dtype::u8},
+      {torch::kInt, ddp::dtype::i32},    {torch::kLong, ddp::dtype::i64}};
+  for (const auto& [st, dt] : pairs) {
+    at::Tensor t = torch::zeros({2, 3}, torch::TensorOptions().dtype(st));
+    const ddp::tensor_view v = ddp::view(t);
+    CHECK(v.type == dt);
+    CHECK(v.count == 6);
+    CHECK(v.data == t.data_ptr());
+    CHECK(v.where == ddp::device::host());
+    CHECK(v.bytes() == static_cast<std::size_t>(t.nbytes()));
+    CHECK(ddp::libtorch::to_scalar_type(dt) == st);
+  }
+  for (const auto st : {torch::kBool, torch::kShort, torch::kComplexFloat}) {
+    at::Tensor t = torch::zeros({2}, torch::TensorOptions().dtype(st));
+    REQUIRE_THROWS_AS(ddp::view(t), ddp::usage_error);
+    REQUIRE_THROWS_WITH(ddp::view(t), Contains(std::string("libtorch dtype ") + c10::toString(st)));
+  }
+}
+
+TEST_CASE("at::Tensor is a handle; non-contiguous, undefined and sparse tensors are clear errors",
+          "[torch][tensor]") {
+  at::Tensor t = torch::arange(24, torch::kFloat).reshape({4, 6});
+  at::Tensor copy = t;  // shares the storage
+  CHECK(ddp::view(copy).data == ddp::view(t).data);
+
+  // A contiguous slice (rows 1..2) is viewable: its data pointer includes the storage offset.
+  at::Tensor rows = t.narrow(0, 1, 2);
+  const ddp::tensor_view rv = ddp::view(rows);
+  CHECK(rv.count == 12);
+  CHECK(rv.as<float>()[0] == 6.0f);
+
+  at::Tensor transposed = t.t();
+  REQUIRE_THROWS_AS(ddp::view(transposed), ddp::usage_error);
+  REQUIRE_THROWS_WITH(ddp::view(transposed), Contains("non-contiguous") && Contains("strides [1, 6]"));
+  at::Tensor columns = t.narrow(1, 0, 2);
+  REQUIRE_THROWS_WITH(ddp::view(columns), Contains("non-contiguous"));
+  at::Tensor channels_last = torch::zeros({2, 3, 4, 4}).contiguous(at::MemoryFormat::ChannelsLast);
+  REQUIRE_THROWS_WITH(ddp::view(channels_last), Contains("channels_last"));
+
+  at::Tensor undefined;
+  REQUIRE_THROWS_WITH(ddp::view(undefined), Contains("undefined tensor"));
+  at::Tensor sparse = torch::eye(3).to_sparse();
+  REQUIRE_THROWS_WITH(ddp::view(sparse), Contains("layout Sparse"));
+
+  // A Bucketer rejects them at add(), before anything runs.
+  ddp::local::world w(1);
+  auto comm = w.rank(0);
+  ddp::Bucketer grads(comm);
+  REQUIRE_THROWS_WITH(grads.add(transposed), Contains("non-contiguous"));
+}
+
+TEST_CASE("libtorch devices map to ddp devices", "[torch][tensor]") {
+  CHECK(ddp::libtorch::to_device(c10::Device(c10::kCPU)) == ddp::device::host());
+  CHECK(ddp::libtorch::to_device(c10::Device(c10::kCUDA, 3)) == ddp::device::cuda(3));
+  CHECK(ddp::libtorch::to_device(c10::Device(c10::kCUDA)) == ddp::device::cuda(0));
+  REQUIRE_THROWS_WITH(ddp::libtorch::to_device(c10::Device(c10::kMeta)), Contains("device 'meta'"));
+  at::Tensor meta = torch::zeros({4}, torch::TensorOptions().device(c10::kMeta));
+  REQUIRE_THROWS_AS(ddp::view(meta), ddp::usage_error);
+}
+
+TEST_CASE("register_module: gradients pre-allocated, frozen and tied parameters skipped, buffer strategies",
+          "[torch][register_module]") {
+  torch::manual_seed(1);
+  Net net;
+  ddp::local::world w(1);
+  auto comm = w.rank(0);
+  ddp::libtorch::hook_registry hooks;
+  ddp::Bucketer grads(comm);
+  ddp::BufferReducer buffers(comm);
+  const auto reg = ddp::libtorch::register_module(*net, grads, hooks, buffers);
+
+  // named_parameters() order: the module's own parameters, then its children's. `tied` comes
+  // first, so fc2.bias (the same tensor) is the one skipped.
+  std::vector<std::string> names;
+  for (const auto& p : reg.parameters) names.push_back(p.name);
+  CHECK(names == std::vector<std::string>{"tied", "fc1.weight", "fc1.bias", "bn.weight", "bn.bias", "fc2.weight"});
+  for (std::size_t i = 0; i < reg.parameters.size(); ++i) CHECK(reg.parameters[i].index == i);
+  CHECK(hooks.size() == reg.parameters.size());
+  REQUIRE(reg.skipped.size() == 2);
+  CHECK_THAT(reg.skipped[0], Contains("frozen") && Contains("does not require a gradient"));
+  CHECK_THAT(reg.skipped[1], Contains("fc2.bias") && Contains("shared"));
+  for (const auto& p : net->parameters()) {
+    if (!p.requires_grad()) continue;
+    REQUIRE(p.grad().defined());
+    CHECK(p.grad().is_contiguous());
+    CHECK(p.grad().sizes() == p.sizes());
+    CHECK(p.grad().abs().sum().item<float>() == 0.0f);
+  }
+
+  REQUIRE(reg.buffers.size() == 3);
+  CHECK(reg.buffers[0].name == "bn.running_mean");
+  CHECK(reg.buffers[0].strategy == "allreduce(avg)");
+  CHECK(reg.buffers[1].name == "bn.running_var");
+  CHECK(reg.buffers[1].strategy == "allreduce(avg)");
+  CHECK(reg.buffers[2].name == "bn.num_batches_tracked");
+  CHECK(reg.buffers[2].strategy == "broadcast(root=0)");
+  buffers.build();
+  CHECK(buffers.stats().collectives_per_sync == 2);  // f32 mean group, i64 broadcast group
+
+  // Another picker: everything gets the reducer's default.
+  ddp::BufferReducer<ddp::strategies::allreduce_sum> sums(comm);
+  const auto reg2 = ddp::libtorch::register_buffers(*net, sums, {.buffer_strategy = {}});
+  for (const auto& b : reg2.buffers) CHECK(b.strategy == "allreduce(sum)");
+}
+
+TEST_CASE("hooks fire once per parameter and backward pass, and the accumulators are kept alive",
+          "[torch][hooks]") {
+  torch::manual_seed(2);
+  Net net;
+  ddp::local::world w(1);
+  auto comm = w.rank(0);
+  ddp::libtorch::hook_registry hooks;
+  ddp::Bucketer grads(comm);
+  const auto reg = ddp::libtorch::register_module(*net, grads, hooks);
+  grads.build();
+  grads.attach(hooks);
+  CHECK(grads.attached_hooks() == reg.parameters.size());
+
+  for (int step = 0; step < 3; ++step) {
+    // Between iterations no graph exists: only the registry keeps the accumulators (and hooks).
+    for (const auto& p : reg.parameters) {
+      CHECK(ddp::libtorch::hook_registry::post_hook_count(net->named_parameters()[p.name]) == 1);
+    }
+    for (auto& p : net->parameters()) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
+    loss_of(net, step).backward();  // marks every gradient ready: twice would throw
+    CHECK(grads.last_step().iteration == static_cast<std::uint64_t>(step));
+    grads.finalize();               // every gradient was marked, or this throws
+    CHECK(grads.last_step().iteration == static_cast<std::uint64_t>(step + 1));
+  }
+}
+
+TEST_CASE("re-creating the Bucketer 10 times leaves exactly one hook per parameter", "[torch][hooks]") {
+  torch::manual_seed(3);
+  Net net;
+  ddp::local::world w(1);
+  auto comm = w.rank(0);
+  const std::size_t params = trainable_parameters(net);
+  auto hook_counts = [&] {
+    std::vector<std::size_t> counts;
+    for (const auto& p : net->parameters()) {
+      if (p.requires_grad()) counts.push_back(ddp::libtorch::hook_registry::post_hook_count(p));
+    }
+    return counts;
+  };
+
+  SECTION("one registry, a new Bucketer each time (PyTorch's #21344 scenario)") {
+    ddp::libtorch::hook_registry hooks;
+    std::unique_ptr<ddp::Bucketer<>> grads;
+    for (int round = 0; round < 10; ++round) {
+      grads.reset();  // the old one goes first, taking its hooks with it
+      grads = std::make_unique<ddp::Bucketer<>>(comm);
+      ddp::libtorch::register_module(*net, *grads, hooks);  // binds the same keys again
+      grads->attach(hooks);
+      loss_of(net, round).backward();
+      grads->finalize();
+      CHECK(hooks.live_hooks() == params);
+    }
+    // Counted by libtorch on the accumulators, tied parameter included once (fc2.bias twice).
+    for (const std::size_t c : hook_counts()) CHECK(c == 1);
+    grads.reset();
+    CHECK(hooks.live_hooks() == 0);
+    for (const std::size_t c : hook_counts()) CHECK(c == 0);
+  }
+
+  SECTION("a new registry and a new Bucketer each time") {
+    for (int round = 0; round < 10; ++round) {
+      ddp::libtorch::hook_registry hooks;
+      ddp::Bucketer grads(comm);
+      ddp::libtorch::register_module(*net, grads, hooks);
+      grads.attach(hooks);
+      loss_of(net, round).backward();
+      grads.finalize();
+      for (const std::size_t c : hook_counts()) CHECK(c == 1);
+    }
+    // Nothing holds the accumulators any more: libtorch freed them, hooks and all.
+    for (const std::size_t c : hook_counts()) CHECK(c == 0);
+  }
+
+  SECTION("a registry destroyed first removes its hooks itself") {
+    auto hooks = std::make_unique<ddp::libtorch::hook_registry>();
+    ddp::Bucketer grads(comm);
+    ddp::libtorch::register_module(*net, grads, *hooks);
+    grads.attach(*hooks);
+    for (const std::size_t c : hook_counts()) CHECK(c == 1);
+    grads.detach();  // the documented order: detach (or destroy the Bucketer) first
+    hooks->clear();
+    for (const std::size_t c : hook_counts()) CHECK(c == 0);
+  }
+}
+
+TEST_CASE("a gradient replaced after registration makes backward() throw, naming the parameter", "[torch][hooks]") {
+  torch::manual_seed(4);
+  Net net;
+  ddp::local::world w(1);
+  auto comm = w.rank(0);
+  for (const bool set_to_none : {false, true}) {
+    ddp::libtorch::hook_registry hooks;
+    ddp::Bucketer grads(comm);
+    ddp::libtorch::register_module(*net, grads, hooks);
+    grads.attach(hooks);
+    if (set_to_none) {
+      net->zero_grad(/*set_to_none=*/true);  // backward() then allocates new gradients
+    } else {
+      net->fc1->weight.mutable_grad() = torch::zeros_like(net->fc1->weight);
+    }
+    // (libtorch rethrows the hook's exception from backward(); the Bucketer's iteration is then
+    // broken, as after any exception in a backward pass: this one is dropped.)
+    const std::string who = set_to_none ? "parameter '" : "parameter 'fc1.weight'";
+    REQUIRE_THROWS_WITH(loss_of(net, 0).backward(), Contains(who) && Contains("was reallocated"));
+    for (auto& p : net->parameters()) {  // leave every gradient allocated for the next round
+      if (p.requires_grad() && !p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    }
+  }
+}
+
+TEST_CASE("hook_registry errors", "[torch][hooks]") {
+  ddp::libtorch::hook_registry hooks;
+  at::Tensor p = torch::zeros({3}).requires_grad_();
+  REQUIRE_THROWS_WITH(hooks.bind(0, p, "p"), Contains("no gradient tensor yet"));
+  p.mutable_grad() = torch::zeros_like(p);
+  hooks.bind(0, p, "p");
+  hooks.bind(0, p, "p");  // again, same parameter: fine
+  at::Tensor q = torch::zeros({3}).requires_grad_();
+  q.mutable_grad() = torch::zeros_like(q);
+  REQUIRE_THROWS_WITH(hooks.bind(0, q, "q"), Contains("already bound to parameter 'p'"));
+  REQUIRE_THROWS_WITH(hooks.bind(1, torch::zeros({3}), "c"), Contains("requires a gradient"));
+  REQUIRE_THROWS_WITH(hooks.add_gradient_hook(7, [] {}), Contains("no parameter is bound to gradient 7"));
+  const auto h = hooks.add_gradient_hook(0, [] {});
+  CHECK(ddp::libtorch::hook_registry::post_hook_count(p) == 1);
+  hooks.remove_gradient_hook(h);
+  hooks.remove_gradient_hook(h);  // already gone: nothing
+  CHECK(ddp::libtorch::hook_registry::post_hook_count(p) == 0);
+}
