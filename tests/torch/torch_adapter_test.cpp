@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+// First: libtorch 1.13's headers need c10::IValue complete before <ATen/core/List.h> under
+// clang++ -std=c++20 (pytorch/pytorch#93978); <ddp/torch.hpp> includes it first as well.
+#include <ATen/core/ivalue.h>
+// (then the rest)
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>

@@ -44,6 +44,11 @@
 #include <utility>
 #include <vector>
 
+// <ATen/core/ivalue.h> first: libtorch 1.13's <ATen/core/List.h> (included by torch/nn/module.h)
+// instantiates std::vector<c10::IValue> while IValue is incomplete, which clang++ rejects under
+// C++20 (pytorch/pytorch#93978, fixed in libtorch 2.1). With IValue complete it compiles.
+#include <ATen/core/ivalue.h>
+// (the rest in any order)
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
