@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ddp's build, tests and examples need, if any is missing.
 # CUDA and NCCL are not Debian packages here: the NCCL backend is built only where they are found.
+# libtorch-dev (PyTorch's C++ API, CPU) and libeigen3-dev are for the tensor adapters (ddp::torch,
+# ddp::eigen), their tests and examples; libtorch-dev is large (about 1 GiB with its dependencies).
 set -euo pipefail
 packages=(cmake make g++ clang openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
-          doxygen pkg-config)
+          doxygen pkg-config libtorch-dev libeigen3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
