@@ -48,7 +48,8 @@ struct model {
     std::uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&](const float* p, Eigen::Index n) {
       const auto* bytes = reinterpret_cast<const unsigned char*>(p);
-      for (std::size_t i = 0; i < static_cast<std::size_t>(n) * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(n) * sizeof(float); ++i)
+        h = (h ^ bytes[i]) * 0x100000001b3ull;
     };
     mix(W.data(), W.size());
     mix(b.data(), b.size());
@@ -87,7 +88,7 @@ void train(ddp::communicator_ref comm) {
       loss[0] += m.gradients(X, Y);
       grads.mark_ready(1);  // the bias gradient, then the weights'
       grads.mark_ready(0);
-      grads.finalize();     // averaged over ranks, in place in gW and gb
+      grads.finalize();  // averaged over ranks, in place in gW and gb
       m.sgd();
     }
     comm.allreduce(loss, ddp::reduce_op::sum).wait();

@@ -94,7 +94,8 @@ batch make_batch(std::int64_t first, std::int64_t n) {
   for (std::int64_t s = 0; s < n; ++s) {
     const auto i = static_cast<std::uint64_t>(first + s);
     const int label = static_cast<int>(splitmix(i) % classes);
-    const int r0 = (label / 2) * 6 + static_cast<int>(splitmix(i + 7) % 4), c0 = (label % 2) * 6 + static_cast<int>(splitmix(i + 9) % 4);
+    const int r0 = (label / 2) * 6 + static_cast<int>(splitmix(i + 7) % 4),
+              c0 = (label % 2) * 6 + static_cast<int>(splitmix(i + 9) % 4);
     float* img = pixels.data() + s * side * side;
     for (int p = 0; p < side * side; ++p) img[p] = uniform(i * 1000 + static_cast<std::uint64_t>(p)) - 0.5f;
     for (int r = r0; r < r0 + 3; ++r) {
@@ -148,11 +149,11 @@ void train(ddp::communicator_ref comm) {
     buffers.build();
     hooks_while_training = hooks.live_hooks();
     if (rank == 0) {
-      std::printf("libtorch_cnn: %d ranks, global batch %lld (%lld per rank), %zu parameters in %zu buckets, "
-                  "%zu buffers in %zu collectives per sync:",
-                  size, static_cast<long long>(global_batch), static_cast<long long>(global_batch / size),
-                  reg.parameters.size(), grads.layout().size(), reg.buffers.size(),
-                  buffers.stats().collectives_per_sync);
+      std::printf(
+          "libtorch_cnn: %d ranks, global batch %lld (%lld per rank), %zu parameters in %zu buckets, "
+          "%zu buffers in %zu collectives per sync:",
+          size, static_cast<long long>(global_batch), static_cast<long long>(global_batch / size),
+          reg.parameters.size(), grads.layout().size(), reg.buffers.size(), buffers.stats().collectives_per_sync);
       for (const auto& b : reg.buffers) std::printf(" %s=%s", b.name.c_str(), b.strategy.c_str());
       std::printf("\n");
     }
@@ -188,9 +189,10 @@ void train(ddp::communicator_ref comm) {
   comm.allgather(ddp::view(mine), ddp::view(all)).wait();
   bool same = true;
   for (const auto f : all) same = same && f == mine[0];
-  std::printf("rank %d: %zu autograd hooks while training, %zu left after the Bucketer was destroyed "
-              "(libtorch counts %zu)\n",
-              rank, hooks_while_training, hooks_left, torch_hooks_left);
+  std::printf(
+      "rank %d: %zu autograd hooks while training, %zu left after the Bucketer was destroyed "
+      "(libtorch counts %zu)\n",
+      rank, hooks_while_training, hooks_left, torch_hooks_left);
   std::printf("rank %d: fingerprint %016llx (parameters and buffers), identical on all %d ranks: %s\n", rank,
               static_cast<unsigned long long>(mine[0]), size, same ? "yes" : "NO");
   if (!same || hooks_left != 0 || torch_hooks_left != 0) throw std::runtime_error("ranks differ, or hooks left behind");
@@ -249,7 +251,8 @@ void reference(int ranks) {
       for (int r = 0; r < ranks; ++r) {
         const batch b = slice(step, r, ranks);
         opts[static_cast<std::size_t>(r)]->zero_grad();
-        const torch::Tensor loss = torch::nn::functional::cross_entropy(replicas[static_cast<std::size_t>(r)]->forward(b.x), b.y);
+        const torch::Tensor loss =
+            torch::nn::functional::cross_entropy(replicas[static_cast<std::size_t>(r)]->forward(b.x), b.y);
         loss.backward();
         loss_sum += loss.item<double>();
       }
@@ -262,9 +265,10 @@ void reference(int ranks) {
   const std::uint64_t f = fingerprint(replicas[0]);
   bool same = true;
   for (auto& net : replicas) same = same && fingerprint(net) == f;
-  std::printf("reference (one process, %d replica%s, no communication): fingerprint %016llx (parameters and buffers), "
-              "replicas identical: %s\n",
-              ranks, ranks == 1 ? "" : "s", static_cast<unsigned long long>(f), same ? "yes" : "NO");
+  std::printf(
+      "reference (one process, %d replica%s, no communication): fingerprint %016llx (parameters and buffers), "
+      "replicas identical: %s\n",
+      ranks, ranks == 1 ? "" : "s", static_cast<unsigned long long>(f), same ? "yes" : "NO");
   if (!same) throw std::runtime_error("replicas differ");
 }
 

@@ -5,7 +5,8 @@
 ///
 /// CMake: `find_package(ddp CONFIG REQUIRED COMPONENTS torch)` (finds Torch too) and link
 /// `ddp::torch`. Never included by `<ddp/ddp.hpp>`: libtorch is a large dependency.
-/// Everything lives in `ddp::libtorch` (not `ddp::torch`, which would hide `::torch`).
+/// Everything lives in `ddp::libtorch` (not `ddp::torch`, which would hide libtorch's top-level
+/// `torch` namespace).
 ///
 /// - `<ddp/torch/tensor_traits.hpp>`: `tensor_traits<at::Tensor>`, `to_dtype`, `to_device`.
 /// - `<ddp/torch/hook_registry.hpp>`: `hook_registry`, AccumulateGrad post hooks for

@@ -73,7 +73,8 @@ TEST_CASE("Eigen maps and refs must be contiguous; Tensor-module types always ar
 
   Eigen::Ref<Eigen::MatrixXf> block = big.block(0, 0, 2, 3);  // rows 0-1 of 4: gaps
   REQUIRE_THROWS_AS(ddp::view(block), ddp::usage_error);
-  REQUIRE_THROWS_WITH(ddp::view(block), Contains("2x3") && Contains("outer stride 4") && Contains("not one contiguous block"));
+  REQUIRE_THROWS_WITH(ddp::view(block),
+                      Contains("2x3") && Contains("outer stride 4") && Contains("not one contiguous block"));
   Eigen::Map<Eigen::VectorXf, 0, Eigen::InnerStride<2>> every_other(big.data(), 12, Eigen::InnerStride<2>());
   REQUIRE_THROWS_WITH(ddp::view(every_other), Contains("inner stride 2"));
 
@@ -232,9 +233,12 @@ std::vector<unsigned char> train_serial(int ranks) {
     for (int r = 0; r < ranks; ++r) {
       shard(step, r, x, y);
       m.gradients(x, y, per_rank);
-      for (Eigen::Index i = 0; i < aW.size(); ++i) aW.data()[i] = r == 0 ? m.gW.data()[i] * ff : aW.data()[i] + m.gW.data()[i] * ff;
-      for (Eigen::Index i = 0; i < ab.size(); ++i) ab.data()[i] = r == 0 ? m.gb.data()[i] * fd : ab.data()[i] + m.gb.data()[i] * fd;
-      for (Eigen::Index i = 0; i < aQ.size(); ++i) aQ.data()[i] = r == 0 ? m.gQ.data()[i] * ff : aQ.data()[i] + m.gQ.data()[i] * ff;
+      for (Eigen::Index i = 0; i < aW.size(); ++i)
+        aW.data()[i] = r == 0 ? m.gW.data()[i] * ff : aW.data()[i] + m.gW.data()[i] * ff;
+      for (Eigen::Index i = 0; i < ab.size(); ++i)
+        ab.data()[i] = r == 0 ? m.gb.data()[i] * fd : ab.data()[i] + m.gb.data()[i] * fd;
+      for (Eigen::Index i = 0; i < aQ.size(); ++i)
+        aQ.data()[i] = r == 0 ? m.gQ.data()[i] * ff : aQ.data()[i] + m.gQ.data()[i] * ff;
     }
     m.gW = aW;
     m.gb = ab;
@@ -251,7 +255,8 @@ TEST_CASE("a model with Eigen parameters trains bit-identically to a serial refe
     CAPTURE(ranks);
     const std::vector<unsigned char> expected = train_serial(ranks);
     std::vector<std::vector<unsigned char>> got(static_cast<std::size_t>(ranks));
-    ddp::local::run(ranks, [&](ddp::local::communicator& c) { got[static_cast<std::size_t>(c.rank())] = train_distributed(c); });
+    ddp::local::run(
+        ranks, [&](ddp::local::communicator& c) { got[static_cast<std::size_t>(c.rank())] = train_distributed(c); });
     for (int r = 0; r < ranks; ++r) {
       CAPTURE(r);
       CHECK(got[static_cast<std::size_t>(r)] == expected);

@@ -57,8 +57,8 @@ TEST_CASE("at::Tensor dtypes map to ddp dtypes; others are a usage_error naming 
   STATIC_REQUIRE(ddp::tensor<at::Tensor>);
   STATIC_REQUIRE(ddp::tensor<torch::Tensor>);
   const std::vector<std::pair<c10::ScalarType, ddp::dtype>> pairs{
-      {torch::kHalf, ddp::dtype::f16}, {torch::kBFloat16, ddp::dtype::bf16}, {torch::kFloat, ddp::dtype::f32},
-      {torch::kDouble, ddp::dtype::f64}, {torch::kChar, ddp::dtype::i8},     {torch::kByte, ddp::dtype::u8},
+      {torch::kHalf, ddp::dtype::f16},   {torch::kBFloat16, ddp::dtype::bf16}, {torch::kFloat, ddp::dtype::f32},
+      {torch::kDouble, ddp::dtype::f64}, {torch::kChar, ddp::dtype::i8},       {torch::kByte, ddp::dtype::u8},
       {torch::kInt, ddp::dtype::i32},    {torch::kLong, ddp::dtype::i64}};
   for (const auto& [st, dt] : pairs) {
     at::Tensor t = torch::zeros({2, 3}, torch::TensorOptions().dtype(st));
@@ -77,8 +77,7 @@ TEST_CASE("at::Tensor dtypes map to ddp dtypes; others are a usage_error naming 
   }
 }
 
-TEST_CASE("at::Tensor is a handle; non-contiguous, undefined and sparse tensors are clear errors",
-          "[torch][tensor]") {
+TEST_CASE("at::Tensor is a handle; non-contiguous, undefined and sparse tensors are clear errors", "[torch][tensor]") {
   at::Tensor t = torch::arange(24, torch::kFloat).reshape({4, 6});
   at::Tensor copy = t;  // shares the storage
   CHECK(ddp::view(copy).data == ddp::view(t).data);
@@ -163,8 +162,7 @@ TEST_CASE("register_module: gradients pre-allocated, frozen and tied parameters 
   for (const auto& b : reg2.buffers) CHECK(b.strategy == "allreduce(sum)");
 }
 
-TEST_CASE("hooks fire once per parameter and backward pass, and the accumulators are kept alive",
-          "[torch][hooks]") {
+TEST_CASE("hooks fire once per parameter and backward pass, and the accumulators are kept alive", "[torch][hooks]") {
   torch::manual_seed(2);
   Net net;
   ddp::local::world w(1);
@@ -186,7 +184,7 @@ TEST_CASE("hooks fire once per parameter and backward pass, and the accumulators
     }
     loss_of(net, step).backward();  // marks every gradient ready: twice would throw
     CHECK(grads.last_step().iteration == static_cast<std::uint64_t>(step));
-    grads.finalize();               // every gradient was marked, or this throws
+    grads.finalize();  // every gradient was marked, or this throws
     CHECK(grads.last_step().iteration == static_cast<std::uint64_t>(step + 1));
   }
 }

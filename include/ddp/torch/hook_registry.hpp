@@ -89,8 +89,9 @@ class hook_registry {
     const at::Tensor& grad = parameter.grad();
     if (!grad.defined()) {
       throw usage_error(-1, "libtorch::hook_registry::bind",
-                        "parameter '" + name + "' has no gradient tensor yet: allocate it before binding "
-                        "(parameter.mutable_grad() = at::zeros_like(parameter); register_module does this)");
+                        "parameter '" + name +
+                            "' has no gradient tensor yet: allocate it before binding "
+                            "(parameter.mutable_grad() = at::zeros_like(parameter); register_module does this)");
     }
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameter);
     if (!accumulator) {
@@ -170,7 +171,10 @@ class hook_registry {
   class post_hook final : public ::torch::autograd::FunctionPostHook {
    public:
     post_hook(at::Tensor parameter, const void* grad_data, std::string name, std::function<void()> on_ready)
-        : parameter_(std::move(parameter)), grad_data_(grad_data), name_(std::move(name)), on_ready_(std::move(on_ready)) {}
+        : parameter_(std::move(parameter)),
+          grad_data_(grad_data),
+          name_(std::move(name)),
+          on_ready_(std::move(on_ready)) {}
 
     ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
                                                 const ::torch::autograd::variable_list& /*inputs*/) override {

@@ -67,7 +67,8 @@ namespace ddp::libtorch {
 
 /// Picks the strategy of one buffer from its full name (`"layer1.bn.running_mean"`) and tensor;
 /// `std::nullopt` means the reducer's default strategy.
-using buffer_strategy_picker = std::function<std::optional<strategies::any>(const std::string& name, const at::Tensor& buffer)>;
+using buffer_strategy_picker =
+    std::function<std::optional<strategies::any>(const std::string& name, const at::Tensor& buffer)>;
 
 /// The last component of a dotted module path: `"layer1.bn.running_mean"` -> `"running_mean"`.
 [[nodiscard]] inline std::string_view leaf_name(std::string_view name) noexcept {
@@ -79,7 +80,8 @@ using buffer_strategy_picker = std::function<std::optional<strategies::any>(cons
 /// over ranks (`strategies::allreduce_mean`), `num_batches_tracked` is broadcast from rank 0 (a
 /// mean of integers would truncate, and every rank counts the same steps anyway); any other
 /// buffer gets the reducer's default strategy.
-[[nodiscard]] inline std::optional<strategies::any> batchnorm_buffer_strategy(const std::string& name, const at::Tensor&) {
+[[nodiscard]] inline std::optional<strategies::any> batchnorm_buffer_strategy(const std::string& name,
+                                                                              const at::Tensor&) {
   const std::string_view leaf = leaf_name(name);
   if (leaf == "running_mean" || leaf == "running_var") return strategies::any(strategies::allreduce_mean{});
   if (leaf == "num_batches_tracked") return strategies::any(strategies::broadcast{.root = 0});
@@ -95,9 +97,9 @@ struct register_options {
 
 /// One parameter or buffer that `register_module` registered.
 struct registered_tensor {
-  std::string name;      ///< full name in the module (`"conv1.weight"`)
-  std::size_t index = 0; ///< the Bucketer's gradient index (parameters) or the reducer's buffer index
-  std::string strategy;  ///< buffers: the strategy's `name()`; parameters: empty
+  std::string name;       ///< full name in the module (`"conv1.weight"`)
+  std::size_t index = 0;  ///< the Bucketer's gradient index (parameters) or the reducer's buffer index
+  std::string strategy;   ///< buffers: the strategy's `name()`; parameters: empty
 };
 
 /// What `register_module` did.

@@ -28,8 +28,9 @@
 
 namespace ddp {
 
-/// libtorch adapter (`<ddp/torch.hpp>`). Named `libtorch`, not `torch`, so that `ddp::torch`
-/// never hides libtorch's own `::torch` namespace in code that uses both (or `using namespace ddp`).
+/// libtorch adapter (`<ddp/torch.hpp>`). Named `libtorch`, not `torch`, so that a `ddp::torch`
+/// never hides libtorch's own top-level `torch` namespace in code that uses both (or
+/// `using namespace ddp`).
 namespace libtorch {
 
 /// The ddp dtype of a libtorch scalar type.

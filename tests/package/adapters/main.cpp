@@ -14,7 +14,7 @@ int main() {
   std::atomic<int> correct{0};
   ddp::local::run(2, [&](ddp::local::communicator& c) {
     const auto value = static_cast<float>(c.rank() + 1);
-    at::Tensor t = at::full({3, 4}, value);  // a libtorch tensor ...
+    at::Tensor t = at::full({3, 4}, value);                                           // a libtorch tensor ...
     Eigen::MatrixXd m = Eigen::MatrixXd::Constant(2, 5, static_cast<double>(value));  // ... and an Eigen one
     ddp::Bucketer grads(c);
     grads.add(t);
