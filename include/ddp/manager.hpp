@@ -41,6 +41,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,53 @@
 #include <ddp/work.hpp>
 
 namespace ddp {
+
+namespace detail {
+
+// Records replicas read back from the store, decoded. Separate from the Manager so that they can
+// be tested and fuzzed on their own (tests/fuzz/quorum_record_fuzz.cpp).
+
+/// The latest quorum, stored under "current" by its rank 0.
+struct quorum_record {
+  std::uint64_t generation = 0;      ///< the quorum's generation; 0: no quorum yet
+  std::int64_t joins = 0;            ///< the join counter when it formed
+  std::vector<std::string> members;  ///< replica ids in rank order
+  /// Same generation, join count and members.
+  friend bool operator==(const quorum_record&, const quorum_record&) = default;
+};
+
+/// The stored form of a quorum record: "<generation> <joins> <id> <id> ...".
+[[nodiscard]] inline std::string encode_quorum_record(const quorum_record& q) {
+  std::string rec = std::to_string(q.generation) + " " + std::to_string(q.joins);
+  for (const auto& id : q.members) rec += " " + id;
+  return rec;
+}
+
+/// Parses a stored quorum record. @throws communication_error if it is malformed
+[[nodiscard]] inline quorum_record decode_quorum_record(std::string_view text, int rank) {
+  quorum_record q;
+  std::istringstream in{std::string(text)};
+  if (!(in >> q.generation >> q.joins)) {
+    throw communication_error(rank, "Manager", "malformed 'current' record in the store");
+  }
+  for (std::string id; in >> id;) {
+    stores::detail::check_key(id, "Manager 'current' record");
+    q.members.push_back(id);
+  }
+  return q;
+}
+
+/// The time (ms since the epoch) in a stored heartbeat, or nothing if it is not one.
+[[nodiscard]] inline std::optional<std::int64_t> decode_heartbeat(std::string_view text) {
+  std::int64_t t = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;  // garbage is not a heartbeat
+    t = t * 10 + (c - '0');
+  }
+  return t;
+}
+
+}  // namespace detail
 
 /// Knobs of the fault-tolerance protocol.
 struct manager_options {
@@ -380,39 +428,19 @@ class Manager {
     join_requested_ = store_.add("joins", 0) > joins_at_formation_;
   }
 
-  struct latest_quorum {
-    std::uint64_t generation = 0;
-    std::int64_t joins = 0;
-    std::vector<std::string> members;
-  };
-
-  // "current" = "<generation> <joins counter at formation> <id> <id> ..."
-  latest_quorum read_latest() {
-    latest_quorum q;
+  // "current": see detail::encode_quorum_record.
+  detail::quorum_record read_latest() {
     const auto v = store_.get("current");
-    if (!v) return q;
-    std::istringstream in(to_text(*v));
-    if (!(in >> q.generation >> q.joins)) {
-      throw communication_error(rank_, "Manager", "malformed 'current' record in the store");
-    }
-    for (std::string id; in >> id;) {
-      stores::detail::check_key(id, "Manager 'current' record");
-      q.members.push_back(id);
-    }
-    return q;
+    if (!v) return {};
+    return detail::decode_quorum_record(to_text(*v), rank_);
   }
 
   bool heartbeat_fresh(const std::string& id) {
     if (id == opts_.replica_id) return true;
     const auto v = store_.get("hb/" + id);
     if (!v) return false;
-    const std::string text = to_text(*v);
-    std::int64_t t = 0;
-    for (char c : text) {
-      if (c < '0' || c > '9') return false;  // garbage is not a heartbeat
-      t = t * 10 + (c - '0');
-    }
-    return wall_ms() - t < opts_.heartbeat_timeout.count();
+    const auto t = detail::decode_heartbeat(to_text(*v));
+    return t && wall_ms() - *t < opts_.heartbeat_timeout.count();
   }
 
   void form_quorum() {
@@ -438,7 +466,7 @@ class Manager {
   // One attempt at the next generation. Returns true once formed (and healed).
   bool try_form_quorum(clock::time_point deadline) {
     heartbeat(true);
-    const latest_quorum latest = read_latest();
+    const detail::quorum_record latest = read_latest();
     const bool member_of_latest =
         generation_ == latest.generation &&
         std::find(latest.members.begin(), latest.members.end(), opts_.replica_id) != latest.members.end();
@@ -467,9 +495,8 @@ class Manager {
     size_ = m.size();
     members_ = m.members;
     if (m.rank == 0) {
-      std::string rec = std::to_string(target) + " " + std::to_string(store_.add("joins", 0));
-      for (const auto& id : m.members) rec += " " + id;
-      store_.set("current", as_bytes(rec));
+      const detail::quorum_record rec{target, store_.add("joins", 0), m.members};
+      store_.set("current", as_bytes(detail::encode_quorum_record(rec)));
     }
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
     comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});

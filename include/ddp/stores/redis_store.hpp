@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,82 @@
 #include <ddp/stores/sigpipe.hpp>
 
 namespace ddp::stores {
+
+namespace detail {
+
+// What comes back from the server, decoded. Separate from the store so that it can be tested and
+// fuzzed without a server (tests/fuzz/redis_reply_fuzz.cpp feeds hiredis's parser arbitrary bytes).
+
+/// Throws communication_error naming the server's message if `r` is an error reply.
+inline void throw_if_error_reply(const redisReply& r, const std::string& op, const std::string& where) {
+  if (r.type == REDIS_REPLY_ERROR) {
+    throw communication_error(-1, op, where + " replied: " + std::string(r.str, r.len));
+  }
+}
+
+/// Throws communication_error unless `r` is of `type` (REDIS_REPLY_*).
+inline void expect_reply(const redisReply& r, int type, const std::string& op, const std::string& where) {
+  if (r.type != type) {
+    throw communication_error(-1, op, "unexpected reply type " + std::to_string(r.type) + " from " + where);
+  }
+}
+
+/// The value in the reply to `GET v:<key>`: nothing for nil, else the payload of the frame.
+/// @throws communication_error for another reply type or a malformed or oversized frame
+[[nodiscard]] inline std::optional<store_value> decode_get_reply(const redisReply& r, std::string_view key,
+                                                                 std::size_t limit, const std::string& where) {
+  const std::string op = "store get '" + std::string(key) + "'";
+  if (r.type == REDIS_REPLY_NIL) return std::nullopt;
+  expect_reply(r, REDIS_REPLY_STRING, op, where);
+  if (r.len > max_frame_bytes(limit)) {
+    throw communication_error(-1, op, "malformed value in " + where + ": " + std::to_string(r.len) +
+                                          " bytes, more than the limit of " + std::to_string(limit) + " plus header");
+  }
+  const auto* p = reinterpret_cast<const std::byte*>(r.str);
+  return decode_frame(std::span<const std::byte>(p, r.len), key, limit, where);
+}
+
+/// The counter in the reply to `GET c:<key>`: 0 for nil, else the decimal integer it holds.
+/// @throws communication_error for another reply type or text that is not an integer
+[[nodiscard]] inline std::int64_t decode_counter_reply(const redisReply& r, const std::string& op,
+                                                       const std::string& where) {
+  if (r.type == REDIS_REPLY_NIL) return 0;
+  expect_reply(r, REDIS_REPLY_STRING, op, where);
+  const std::string text(r.str, r.len);
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || text.size() > 20) {
+    throw communication_error(-1, op, "malformed counter in " + where + ": not an integer");
+  }
+  return static_cast<std::int64_t>(v);
+}
+
+/// One page of `SCAN`: the next cursor ("0" at the end) and the keys found.
+struct scan_page {
+  std::string cursor;             ///< where the next SCAN starts; "0" when done
+  std::vector<std::string> keys;  ///< keys of this page
+};
+
+/// The page in the reply to `SCAN <cursor> MATCH <pattern>`.
+/// @throws communication_error unless it is a [cursor, [keys...]] array
+[[nodiscard]] inline scan_page decode_scan_reply(const redisReply& r, const std::string& where) {
+  expect_reply(r, REDIS_REPLY_ARRAY, "store erase_prefix", where);
+  if (r.elements != 2 || r.element[0]->type != REDIS_REPLY_STRING || r.element[1]->type != REDIS_REPLY_ARRAY) {
+    throw communication_error(-1, "store erase_prefix", "unexpected SCAN reply from " + where);
+  }
+  scan_page page;
+  page.cursor.assign(r.element[0]->str, r.element[0]->len);
+  const redisReply* found = r.element[1];
+  for (std::size_t i = 0; i < found->elements; ++i) page.keys.emplace_back(found->element[i]->str, found->element[i]->len);
+  return page;
+}
+
+}  // namespace detail
 
 /// Where the Redis server is and how long to wait for it.
 struct redis_options {
@@ -71,15 +148,7 @@ class redis_store {
     detail::check_key(key, "store get");
     const std::string op = "store get '" + std::string(key) + "'";
     reply r = command(op, {"GET", "v:" + std::string(key)});
-    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
-    expect(r, REDIS_REPLY_STRING, op);
-    if (r->len > detail::max_frame_bytes(opts_.max_value_bytes)) {
-      throw communication_error(-1, op, "malformed value in " + where() + ": " + std::to_string(r->len) +
-                                            " bytes, more than the limit of " +
-                                            std::to_string(opts_.max_value_bytes) + " plus header");
-    }
-    const auto* p = reinterpret_cast<const std::byte*>(r->str);
-    return detail::decode_frame(std::span<const std::byte>(p, r->len), key, opts_.max_value_bytes, where());
+    return detail::decode_get_reply(*r, key, opts_.max_value_bytes, where());
   }
 
   /// Returns once every key is set (polls EXISTS). @throws timeout_error naming the missing keys
@@ -127,15 +196,11 @@ class redis_store {
     std::size_t removed = 0;
     do {
       reply r = command("store erase_prefix", {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
-      expect(r, REDIS_REPLY_ARRAY, "store erase_prefix");
-      if (r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-        throw communication_error(-1, "store erase_prefix", "unexpected SCAN reply from " + where());
-      }
-      cursor.assign(r->element[0]->str, r->element[0]->len);
-      const redisReply* found = r->element[1];
-      if (found->elements > 0) {
+      detail::scan_page page = detail::decode_scan_reply(*r, where());
+      cursor = std::move(page.cursor);
+      if (!page.keys.empty()) {
         std::vector<std::string> del{"DEL"};
-        for (std::size_t i = 0; i < found->elements; ++i) del.emplace_back(found->element[i]->str, found->element[i]->len);
+        for (auto& k : page.keys) del.push_back(std::move(k));
         reply d = command("store erase_prefix", to_views(del));
         expect(d, REDIS_REPLY_INTEGER, "store erase_prefix");
         removed += static_cast<std::size_t>(d->integer);
@@ -204,35 +269,16 @@ class redis_store {
       throw communication_error(-1, op, where() + ": " + why);
     }
     reply r(raw);
-    if (r->type == REDIS_REPLY_ERROR) {
-      throw communication_error(-1, op, where() + " replied: " + std::string(r->str, r->len));
-    }
+    detail::throw_if_error_reply(*r, op, where());
     return r;
   }
 
-  void expect(const reply& r, int type, const std::string& op) const {
-    if (r->type != type) {
-      throw communication_error(-1, op, "unexpected reply type " + std::to_string(r->type) + " from " + where());
-    }
-  }
+  void expect(const reply& r, int type, const std::string& op) const { detail::expect_reply(*r, type, op, where()); }
 
   // A counter's value without creating it; validated like anything read back.
   std::int64_t read_counter(std::string_view key, const std::string& op) {
     reply r = command(op, {"GET", "c:" + std::string(key)});
-    if (r->type == REDIS_REPLY_NIL) return 0;
-    expect(r, REDIS_REPLY_STRING, op);
-    const std::string text(r->str, r->len);
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (text.empty() || used != text.size() || text.size() > 20) {
-      throw communication_error(-1, op, "malformed counter in " + where() + ": not an integer");
-    }
-    return static_cast<std::int64_t>(v);
+    return detail::decode_counter_reply(*r, op, where());
   }
 
   // For the error message of a timed-out wait.
