@@ -11,9 +11,12 @@
 /// as an address.
 
 #include <array>
+#include <charconv>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +34,32 @@ inline constexpr unsigned char frame_version = 1;
 [[nodiscard]] inline bool is_key_char(char c) noexcept {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
          c == ':' || c == '/' || c == '@' || c == '-';
+}
+
+/// True if `key` is a valid key: 1..max_key_bytes bytes of [A-Za-z0-9_.:/@-]. For keys (member
+/// ids, ...) read back from a store, where a bad one is malformed data, not a usage error.
+[[nodiscard]] inline bool is_valid_key(std::string_view key) noexcept {
+  if (key.empty() || key.size() > max_key_bytes) return false;
+  for (char c : key) {
+    if (!is_key_char(c)) return false;
+  }
+  return true;
+}
+
+/// The integer whose canonical decimal form (what std::to_string writes) is `text`, or nothing:
+/// digits with a '-' for negative values, no '+', no spaces, no leading zeros ("-0" neither), in
+/// range of T. Numbers read back from a store are parsed with this: decode(encode(x)) == x and
+/// nothing else decodes, so a value that is not what a ddp process wrote is malformed.
+template <std::integral T>
+[[nodiscard]] std::optional<T> parse_decimal(std::string_view text) noexcept {
+  if (text.empty()) return std::nullopt;
+  const std::size_t first_digit = text[0] == '-' ? 1 : 0;
+  if (text.size() > first_digit + 1 && text[first_digit] == '0') return std::nullopt;  // leading zero
+  if (text == "-0") return std::nullopt;
+  T v{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return v;
 }
 
 /// Throws usage_error unless `key` is a valid key (or a valid prefix: `allow_empty`).
@@ -108,6 +137,10 @@ inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
   }
   if (static_cast<unsigned char>(raw[4]) != frame_version) {
     throw fail("unknown format version " + std::to_string(static_cast<unsigned>(raw[4])));
+  }
+  // Reserved: zero in version 1, so that every accepted frame is exactly what encode_frame writes.
+  if (raw[5] != std::byte{0} || raw[6] != std::byte{0} || raw[7] != std::byte{0}) {
+    throw fail("reserved header bytes 5-7 are not zero");
   }
   const std::uint64_t length = get_u64(raw.data() + 8);
   if (length > limit) {
