@@ -51,33 +51,48 @@ struct membership {
 };
 
 namespace detail {
+/// One arrival in the member list: its arrival number and id.
 struct arrival {
-  std::int64_t index;
-  std::string id;
+  std::int64_t index;  ///< arrival number (from the counter `members/arrivals`)
+  std::string id;      ///< the id it published
+  /// Same index and id.
+  friend bool operator==(const arrival&, const arrival&) = default;
 };
-inline std::string encode_members(const std::vector<arrival>& list) {
+
+/// The member list as stored under `members/closed`: one "<index> <id>\n" line per arrival.
+[[nodiscard]] inline std::string encode_members(const std::vector<arrival>& list) {
   std::string s;
   for (const auto& a : list) s += std::to_string(a.index) + " " + a.id + "\n";
   return s;
 }
-inline std::vector<arrival> decode_members(const std::string& text) {
+
+/// Parses a stored member list. Only what encode_members writes for valid ids and distinct
+/// non-negative indices decodes. @throws communication_error for anything else
+[[nodiscard]] inline std::vector<arrival> decode_members(std::string_view text) {
+  const auto fail = [](const std::string& what) {
+    return communication_error(-1, "join_group", "malformed member list in the store: " + what);
+  };
   std::vector<arrival> out;
   std::size_t pos = 0;
   while (pos < text.size()) {
     const auto nl = text.find('\n', pos);
-    const auto sp = text.find(' ', pos);
-    if (nl == std::string::npos || sp == std::string::npos || sp > nl || sp == pos) {
-      throw communication_error(-1, "join_group", "malformed member list in the store");
-    }
-    arrival a{0, text.substr(sp + 1, nl - sp - 1)};
-    for (std::size_t i = pos; i < sp; ++i) {
-      if (text[i] < '0' || text[i] > '9') throw communication_error(-1, "join_group", "malformed member list");
-      a.index = a.index * 10 + (text[i] - '0');
-    }
-    check_key(a.id, "join_group (member list)");
-    out.push_back(std::move(a));
+    if (nl == std::string_view::npos) throw fail("unterminated line");
+    const auto line = text.substr(pos, nl - pos);
+    const auto sp = line.find(' ');
+    if (sp == std::string_view::npos) throw fail("line without a space");
+    const auto index = parse_decimal<std::int64_t>(line.substr(0, sp));
+    if (!index || *index < 0) throw fail("arrival number is not a non-negative decimal integer");
+    const auto id = line.substr(sp + 1);
+    if (!is_valid_key(id)) throw fail("member id is not a valid key");
+    out.push_back({*index, std::string(id)});
     pos = nl + 1;
   }
+  std::vector<std::int64_t> indices;
+  indices.reserve(out.size());
+  for (const auto& a : out) indices.push_back(a.index);
+  std::sort(indices.begin(), indices.end());
+  const auto twice = std::adjacent_find(indices.begin(), indices.end());
+  if (twice != indices.end()) throw fail("arrival " + std::to_string(*twice) + " listed twice");
   return out;
 }
 }  // namespace detail
@@ -102,7 +117,12 @@ template <store S>
     return std::max(std::chrono::milliseconds(0),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   };
-  const std::int64_t me = s.add("members/arrivals", 1) - 1;
+  const std::int64_t counted = s.add("members/arrivals", 1);
+  if (counted < 1) {  // we just added 1: only a counter someone else wrote garbage to gets here
+    throw communication_error(-1, "join_group", "malformed arrival counter 'members/arrivals' in the store (" +
+                                                    std::to_string(counted) + " after counting this arrival)");
+  }
+  const std::int64_t me = counted - 1;
   s.set("members/" + std::to_string(me), as_bytes(id));
 
   if (me == 0) {  // the first arrival closes the group
@@ -133,7 +153,13 @@ template <store S>
     std::vector<detail::arrival> list;
     for (std::int64_t i = 0; i < n; ++i) {
       // Arrival i counted itself before publishing its id: give it the time that is left.
-      list.push_back({i, to_text(wait_get(s, "members/" + std::to_string(i), left()))});
+      std::string arrived_id = to_text(wait_get(s, "members/" + std::to_string(i), left()));
+      // Written by another process: it must be an id, or the list would not parse.
+      if (!detail::is_valid_key(arrived_id)) {
+        throw communication_error(-1, "join_group",
+                                  "malformed id under 'members/" + std::to_string(i) + "' in the store");
+      }
+      list.push_back({i, std::move(arrived_id)});
     }
     std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     s.set("members/closed", as_bytes(detail::encode_members(list)));
@@ -142,7 +168,15 @@ template <store S>
   const auto closed = detail::decode_members(to_text(wait_get(s, "members/closed", left())));
   membership m;
   for (const auto& a : closed) {
-    if (a.index == me) m.rank = static_cast<int>(m.members.size());
+    if (a.index == me) {
+      // The list must name this arrival by the id it published, or it is not this group's list.
+      if (a.id != id) {
+        throw communication_error(-1, "join_group", "the member list in the store names arrival " +
+                                                        std::to_string(me) + " '" + a.id + "', but this process is '" +
+                                                        std::string(id) + "'");
+      }
+      m.rank = static_cast<int>(m.members.size());
+    }
     m.members.push_back(a.id);
   }
   if (m.rank < 0) {

@@ -73,7 +73,10 @@ class memory_store {
   std::int64_t add(std::string_view key, std::int64_t delta) {
     detail::check_key(key, "memory_store add");
     std::lock_guard lk(m_);
-    return counters_[std::string(key)] += delta;
+    auto& c = counters_[std::string(key)];
+    // Two's-complement wrap-around instead of signed overflow, as the file store does.
+    c = static_cast<std::int64_t>(static_cast<std::uint64_t>(c) + static_cast<std::uint64_t>(delta));
+    return c;
   }
 
   /// Removes every value and counter whose key starts with `prefix`; returns how many.
