@@ -36,10 +36,10 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -79,28 +79,52 @@ struct quorum_record {
   return rec;
 }
 
-/// Parses a stored quorum record. @throws communication_error if it is malformed
+/// Parses a stored quorum record. Only what encode_quorum_record writes for a record a Manager
+/// can write decodes: decimal numbers (no sign, spaces or leading zeros), a generation in
+/// [1, 2^64 - 2] (the next one must not wrap to 0), a join count >= 0, and at least one member,
+/// each a valid key, separated by single spaces.
+/// @throws communication_error if it is malformed
 [[nodiscard]] inline quorum_record decode_quorum_record(std::string_view text, int rank) {
-  quorum_record q;
-  std::istringstream in{std::string(text)};
-  if (!(in >> q.generation >> q.joins)) {
-    throw communication_error(rank, "Manager", "malformed 'current' record in the store");
+  const auto fail = [rank](const std::string& what) {
+    return communication_error(rank, "Manager", "malformed 'current' record in the store: " + what);
+  };
+  std::vector<std::string_view> fields;
+  for (std::size_t pos = 0;;) {
+    const auto sp = text.find(' ', pos);
+    fields.push_back(text.substr(pos, sp == std::string_view::npos ? std::string_view::npos : sp - pos));
+    if (sp == std::string_view::npos) break;
+    pos = sp + 1;
   }
-  for (std::string id; in >> id;) {
-    stores::detail::check_key(id, "Manager 'current' record");
-    q.members.push_back(id);
+  if (fields.size() < 3) throw fail("fewer than 3 fields");
+  quorum_record q;
+  const auto generation = stores::detail::parse_decimal<std::uint64_t>(fields[0]);
+  if (!generation || *generation == 0 || *generation == std::numeric_limits<std::uint64_t>::max()) {
+    throw fail("generation is not a decimal number in [1, 2^64 - 2]");
+  }
+  q.generation = *generation;
+  const auto joins = stores::detail::parse_decimal<std::int64_t>(fields[1]);
+  if (!joins || *joins < 0) throw fail("join count is not a non-negative decimal number");
+  q.joins = *joins;
+  for (std::size_t i = 2; i < fields.size(); ++i) {
+    if (!stores::detail::is_valid_key(fields[i])) throw fail("member " + std::to_string(i - 2) + " is not a valid id");
+    q.members.emplace_back(fields[i]);
   }
   return q;
 }
 
-/// The time (ms since the epoch) in a stored heartbeat, or nothing if it is not one.
-[[nodiscard]] inline std::optional<std::int64_t> decode_heartbeat(std::string_view text) {
-  std::int64_t t = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;  // garbage is not a heartbeat
-    t = t * 10 + (c - '0');
-  }
+/// The time (ms since the epoch, >= 0) in a stored heartbeat, or nothing if it is not one.
+[[nodiscard]] inline std::optional<std::int64_t> decode_heartbeat(std::string_view text) noexcept {
+  const auto t = stores::detail::parse_decimal<std::int64_t>(text);
+  if (!t || *t < 0) return std::nullopt;  // garbage is not a heartbeat
   return t;
+}
+
+/// Join requests made since a quorum formed: the join counter's growth since then, in [0, 2^20].
+/// Overflow-free whatever the counter holds (it is read back from the store).
+[[nodiscard]] constexpr int pending_joins(std::int64_t now, std::int64_t at_formation) noexcept {
+  if (now <= at_formation) return 0;
+  const std::uint64_t grown = static_cast<std::uint64_t>(now) - static_cast<std::uint64_t>(at_formation);
+  return static_cast<int>(std::min<std::uint64_t>(grown, std::uint64_t{1} << 20));
 }
 
 }  // namespace detail
@@ -476,7 +500,7 @@ class Manager {
     }
     int alive = 0;
     for (const auto& id : latest.members) alive += heartbeat_fresh(id) ? 1 : 0;
-    const auto pending = static_cast<int>(std::max<std::int64_t>(0, store_.add("joins", 0) - latest.joins));
+    const int pending = detail::pending_joins(store_.add("joins", 0), latest.joins);
     stores::group_options g;
     g.min_members = std::max(opts_.min_replicas, alive / 2 + 1);  // a minority never forms a quorum
     // Everyone expected arrived: close at once. At a job's start nobody knows how many will
