@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <hiredis/hiredis.h>
 
@@ -53,11 +54,13 @@ void decode_every_way(const redisReply& r) {
   } catch (const ddp::communication_error&) {
   }
   try {
-    const st::scan_page page = st::decode_scan_reply(r, where);
-    FUZZ_CHECK(!page.cursor.empty());
+    const st::scan_page page = st::decode_scan_reply(r, "job/", where);
+    FUZZ_CHECK(!page.cursor.empty() && std::all_of(page.cursor.begin(), page.cursor.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    }));
     for (const auto& k : page.keys) {
-      FUZZ_CHECK(k.size() > 2 && (k.starts_with("v:") || k.starts_with("c:")));
-      FUZZ_CHECK(std::all_of(k.begin() + 2, k.end(), st::is_key_char));
+      FUZZ_CHECK(k.starts_with("v:job/") || k.starts_with("c:job/"));
+      FUZZ_CHECK(st::is_valid_key(std::string_view(k).substr(2)));
     }
   } catch (const ddp::communication_error&) {
   }
@@ -72,6 +75,7 @@ void decode_every_way(const redisReply& r) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   redisReader* reader = redisReaderCreate();
   FUZZ_CHECK(reader != nullptr);
+  st::cap_reply_arrays(*reader);  // as redis_store configures its connection's reader
   redisReaderFeed(reader, reinterpret_cast<const char*>(data), size);
   for (int i = 0; i < 64; ++i) {
     void* reply = nullptr;

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,24 +71,16 @@ inline void expect_reply(const redisReply& r, int type, const std::string& op, c
   return decode_frame(std::span<const std::byte>(p, r.len), key, limit, where);
 }
 
-/// The counter in the reply to `GET c:<key>`: 0 for nil, else the decimal integer it holds.
-/// @throws communication_error for another reply type or text that is not an integer
+/// The counter in the reply to `GET c:<key>`: 0 for nil, else the integer it holds, in the
+/// canonical decimal form Redis itself requires of a value INCRBY can add to.
+/// @throws communication_error for another reply type or text that is not such an integer
 [[nodiscard]] inline std::int64_t decode_counter_reply(const redisReply& r, const std::string& op,
                                                        const std::string& where) {
   if (r.type == REDIS_REPLY_NIL) return 0;
   expect_reply(r, REDIS_REPLY_STRING, op, where);
-  const std::string text(r.str, r.len);
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || text.size() > 20) {
-    throw communication_error(-1, op, "malformed counter in " + where + ": not an integer");
-  }
-  return static_cast<std::int64_t>(v);
+  const auto v = parse_decimal<std::int64_t>(std::string_view(r.str, r.len));
+  if (!v) throw communication_error(-1, op, "malformed counter in " + where + ": not an integer");
+  return *v;
 }
 
 /// One page of `SCAN`: the next cursor ("0" at the end) and the keys found.
@@ -96,18 +89,83 @@ struct scan_page {
   std::vector<std::string> keys;  ///< keys of this page
 };
 
-/// The page in the reply to `SCAN <cursor> MATCH <pattern>`.
-/// @throws communication_error unless it is a [cursor, [keys...]] array
-[[nodiscard]] inline scan_page decode_scan_reply(const redisReply& r, const std::string& where) {
+/// The page in the reply to `SCAN <cursor> MATCH [vc]:<prefix>*`: the cursor must be a decimal
+/// number and every key a value or counter key (`v:` or `c:`, then a valid key) under `prefix`,
+/// so that nothing but the store's own keys under the prefix is ever deleted.
+/// @throws communication_error for anything else
+[[nodiscard]] inline scan_page decode_scan_reply(const redisReply& r, std::string_view prefix,
+                                                 const std::string& where) {
+  const auto fail = [&](const std::string& what) {
+    return communication_error(-1, "store erase_prefix", "unexpected SCAN reply from " + where + ": " + what);
+  };
   expect_reply(r, REDIS_REPLY_ARRAY, "store erase_prefix", where);
   if (r.elements != 2 || r.element[0]->type != REDIS_REPLY_STRING || r.element[1]->type != REDIS_REPLY_ARRAY) {
-    throw communication_error(-1, "store erase_prefix", "unexpected SCAN reply from " + where);
+    throw fail("not a [cursor, keys] pair");
   }
   scan_page page;
   page.cursor.assign(r.element[0]->str, r.element[0]->len);
-  const redisReply* found = r.element[1];
-  for (std::size_t i = 0; i < found->elements; ++i) page.keys.emplace_back(found->element[i]->str, found->element[i]->len);
+  if (!parse_decimal<std::uint64_t>(page.cursor)) throw fail("the cursor is not a decimal number");
+  const redisReply& found = *r.element[1];
+  page.keys.reserve(found.elements);
+  for (std::size_t i = 0; i < found.elements; ++i) {
+    const redisReply& k = *found.element[i];
+    if (k.type != REDIS_REPLY_STRING) throw fail("a key that is not a string");
+    std::string_view key(k.str, k.len);
+    if (key.size() < 2 || (key[0] != 'v' && key[0] != 'c') || key[1] != ':' || !is_valid_key(key.substr(2)) ||
+        !key.substr(2).starts_with(prefix)) {
+      throw fail("a key that is not the store's under '" + std::string(prefix) + "'");
+    }
+    page.keys.emplace_back(key);
+  }
   return page;
+}
+
+/// Most array elements one reply may announce, over all its (nested) arrays. hiredis allocates
+/// an array's element vector from the count in its header, before the elements arrive: without
+/// a cap, 13 bytes from a broken or hostile server ("*2000000000\r\n") cost 16 GB. A SCAN page
+/// (COUNT 1000) is far below.
+inline constexpr std::size_t max_reply_elements = std::size_t{1} << 20;
+
+/// hiredis's createArray wrapped to enforce max_reply_elements (`Fn` is the type of
+/// redisReplyObjectFunctions::createArray: its count is an int in 0.14, a size_t in 1.x).
+template <class Fn>
+struct capped_array_factory;
+
+/// @copydoc capped_array_factory
+template <class Task, class Count>
+struct capped_array_factory<void* (*)(const Task*, Count)> {
+  /// hiredis's own createArray.
+  static inline void* (*base)(const Task*, Count) = nullptr;
+  /// Refuses (nullptr: hiredis reports out of memory) once the reply's arrays announce more
+  /// than max_reply_elements elements in all.
+  static void* create(const Task* task, Count elements) {
+    // Elements announced so far by the arrays of the reply being parsed (one parse at a time per
+    // thread; the outermost array starts a new reply).
+    thread_local std::size_t announced = 0;
+    if constexpr (std::is_signed_v<Count>) {
+      if (elements < 0) return nullptr;
+    }
+    if (task->parent == nullptr) announced = 0;
+    const auto n = static_cast<unsigned long long>(elements);
+    if (n > max_reply_elements - announced) return nullptr;
+    announced += static_cast<std::size_t>(n);
+    return base(task, elements);
+  }
+};
+
+/// Makes `reader` refuse (as out of memory: the command fails, the connection is dropped) a
+/// reply whose arrays announce more than max_reply_elements elements in all.
+inline void cap_reply_arrays(redisReader& reader) {
+  using capped = capped_array_factory<decltype(redisReplyObjectFunctions::createArray)>;
+  // One table for every reader: hiredis's default functions with createArray wrapped.
+  static redisReplyObjectFunctions* const table = [&reader]() -> redisReplyObjectFunctions* {
+    if (reader.fn == nullptr) return nullptr;
+    static redisReplyObjectFunctions t = *reader.fn;
+    capped::base = t.createArray;
+    t.createArray = &capped::create;
+    return &t;
+  }();
+  if (table != nullptr && reader.fn != nullptr && reader.fn->createArray == capped::base) reader.fn = table;
 }
 
 }  // namespace detail
@@ -196,14 +254,14 @@ class redis_store {
     std::size_t removed = 0;
     do {
       reply r = command("store erase_prefix", {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
-      detail::scan_page page = detail::decode_scan_reply(*r, where());
+      detail::scan_page page = detail::decode_scan_reply(*r, prefix, where());
       cursor = std::move(page.cursor);
       if (!page.keys.empty()) {
         std::vector<std::string> del{"DEL"};
         for (auto& k : page.keys) del.push_back(std::move(k));
         reply d = command("store erase_prefix", to_views(del));
         expect(d, REDIS_REPLY_INTEGER, "store erase_prefix");
-        removed += static_cast<std::size_t>(d->integer);
+        removed += static_cast<std::size_t>(std::max<long long>(d->integer, 0));
       }
     } while (cursor != "0");
     return removed;
@@ -239,6 +297,7 @@ class redis_store {
       ctx_.reset();
       throw communication_error(-1, op, "cannot connect to " + where() + ": " + why);
     }
+    detail::cap_reply_arrays(*ctx_->reader);
     if (redisSetTimeout(ctx_.get(), to_timeval(opts_.command_timeout)) != REDIS_OK) {
       ctx_.reset();
       throw communication_error(-1, op, "cannot set the command timeout on the connection to " + where());
@@ -264,7 +323,10 @@ class redis_store {
     auto* raw = static_cast<redisReply*>(
         redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), argl.data()));
     if (raw == nullptr) {
-      const std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+      std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+      if (ctx_->err == REDIS_ERR_OOM) {
+        why += " (or a reply announcing more than " + std::to_string(detail::max_reply_elements) + " array elements)";
+      }
       ctx_.reset();
       throw communication_error(-1, op, where() + ": " + why);
     }
