@@ -164,11 +164,12 @@ class file_store {
     return communication_error(-1, op, what + ": " + std::strerror(e) + " (" + where() + ")");
   }
 
-  // Reads a whole file; nothing if it does not exist. Rejects files larger than any valid frame
-  // before reading them.
+  // Reads a whole file; nothing if it does not exist. Rejects what is not a regular file (a FIFO
+  // would block the open and every read) and files larger than any valid frame before reading.
   std::optional<std::vector<std::byte>> read_file(const std::filesystem::path& p, std::string_view key,
                                                   std::size_t limit, const std::string& op) const {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO without a writer returns at once (no effect on regular files).
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ENOENT) return std::nullopt;
       throw os_error(op, "cannot open " + p.string());
@@ -179,6 +180,10 @@ class file_store {
     } closer{fd};
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw os_error(op, "cannot stat " + p.string());
+    if (!S_ISREG(st.st_mode)) {
+      throw communication_error(-1, "store get '" + std::string(key) + "'",
+                                "malformed value in " + where() + ": " + p.string() + " is not a regular file");
+    }
     const auto size = static_cast<std::size_t>(st.st_size);
     if (size > detail::max_frame_bytes(limit)) {
       throw communication_error(-1, "store get '" + std::string(key) + "'",
