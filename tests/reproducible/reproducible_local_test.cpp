@@ -9,12 +9,25 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <ddp/local.hpp>
 #include <ddp/reproducible.hpp>
 
+#include "../common/collective_suite.hpp"
 #include "training.hpp"
+
+#define SUITE_EXPECT_THROW(expr, type)                   \
+  do {                                                   \
+    bool thrown_ = false;                                \
+    try {                                                \
+      expr;                                              \
+    } catch (const type&) {                              \
+      thrown_ = true;                                    \
+    }                                                    \
+    SUITE_EXPECT(thrown_, #expr " throws " #type);       \
+  } while (0)
 
 namespace {
 
@@ -188,4 +201,172 @@ TEST_CASE("ReproducibleReducer: training at DP = 1..8 gives bit-identical parame
       CHECK(distinct.size() > 1);  // the default path's bits depend on the world size
     }
   }
+}
+
+namespace {
+
+// One step over mixed dtypes (f32, f64, bf16, f16 and an empty tensor) with random leaves;
+// returns the reduced bytes of every tensor.
+std::vector<std::vector<unsigned char>> mixed_step(ddp::communicator_ref c, std::size_t m, ddp::reproducible_options o) {
+  std::vector<float> a(37);
+  std::vector<double> b(5);
+  std::vector<ddp::bfloat16> h(9);
+  std::vector<ddp::half> f(11);
+  std::vector<float> empty;
+  ddp::ReproducibleReducer red(c, m, o);
+  red.add(a);
+  red.add(b);
+  red.add(h);
+  red.add(empty);
+  red.add(f);
+  red.begin();
+  for (std::size_t i : red.pending()) {
+    std::mt19937_64 rng(i * 7919 + 1);
+    std::normal_distribution<double> n(0.0, 100.0);
+    for (auto& x : a) x = static_cast<float>(n(rng));
+    for (auto& x : b) x = n(rng) * 1e-7;
+    for (auto& x : h) x = ddp::bfloat16(static_cast<float>(n(rng)));
+    for (auto& x : f) x = ddp::half(static_cast<float>(n(rng)) * 0.01f);
+    red.accumulate(i);
+  }
+  red.finalize();
+  auto bytes = [](auto& v) {
+    std::vector<unsigned char> out(v.size() * sizeof(v[0]));
+    if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  };
+  return {bytes(a), bytes(b), bytes(h), bytes(f)};
+}
+
+}  // namespace
+
+TEST_CASE("ReproducibleReducer: mixed dtypes, empty tensors and more ranks than micro-batches", "[reproducible][local]") {
+  for (std::size_t m : {1u, 3u, 10u}) {
+    std::vector<std::vector<unsigned char>> reference;
+    for (int dp = 1; dp <= 6; ++dp) {
+      std::vector<std::vector<std::vector<unsigned char>>> got(static_cast<std::size_t>(dp));
+      on_ranks(dp, [&](ddp::communicator_ref c) {
+        ddp::reproducible_options o;
+        o.chunk_bytes = c.size() % 2 ? 0 : 24;  // whole groups, or chunks of a few elements
+        got[static_cast<std::size_t>(c.rank())] = mixed_step(c, m, o);
+      });
+      if (dp == 1) reference = got[0];
+      INFO("M=" << m << " DP=" << dp);
+      for (const auto& g : got) CHECK(g == reference);
+    }
+  }
+}
+
+TEST_CASE("ReproducibleReducer: a retry reuses the nodes of a failed attempt and gives the same bits",
+          "[reproducible][local]") {
+  // The first attempt runs at DP=3 and "fails" (its result is thrown away); the retry of the same
+  // step (same key) runs at DP=2 over the survivors' ranks, reusing every node that lies in their
+  // new range. The result must equal a fresh DP=2 and a DP=1 computation.
+  constexpr std::size_t m = 12;
+  auto leaf = [](std::size_t i, std::vector<float>& g) {
+    for (std::size_t k = 0; k < g.size(); ++k) g[k] = std::sin(static_cast<float>(i * 31 + k)) * 1e3f + 1e-3f;
+  };
+  ddp::local::fabric fab(ddp::local::options{.timeout = std::chrono::seconds(20), .faults = {}});
+  // The reuse itself, on one reducer whose communicator shrinks: a replica that held [4, 8) of
+  // 3 ranks and is rank 1 of 2 afterwards ([6, 12)) keeps nothing; rank 0 ([0, 4) -> [0, 6))
+  // keeps node (2, 0) and computes 4 and 5 only.
+  struct switchable {
+    ddp::local::communicator* cur;
+    int rank() const { return cur->rank(); }
+    int size() const { return cur->size(); }
+    ddp::work allreduce(std::span<const ddp::tensor_view> t, ddp::reduce_op op) { return cur->allreduce(t, op); }
+    ddp::work broadcast(std::span<const ddp::tensor_view> t, int root) { return cur->broadcast(t, root); }
+    ddp::work allgather(ddp::tensor_view a, ddp::tensor_view b) { return cur->allgather(a, b); }
+    ddp::work reduce_scatter(ddp::tensor_view a, ddp::tensor_view b, ddp::reduce_op op) {
+      return cur->reduce_scatter(a, b, op);
+    }
+    ddp::work barrier() { return cur->barrier(); }
+    void abort() noexcept { cur->abort(); }
+  };
+  std::vector<float> out0(100), out1(100);
+  std::array<ddp::reproducible_stats, 2> st{};
+  {
+    std::vector<ddp::local::communicator> big, small;
+    for (int r = 0; r < 3; ++r) big.push_back(fab.connect("big", r, 3));
+    for (int r = 0; r < 2; ++r) small.push_back(fab.connect("small", r, 2));
+    std::vector<std::thread> ts;
+    std::vector<switchable> sw{{&big[0]}, {&big[1]}, {&big[2]}};
+    std::vector<std::vector<float>> g(3, std::vector<float>(100));
+    for (int r = 0; r < 3; ++r) {
+      ts.emplace_back([&, r] {
+        const auto ur = static_cast<std::size_t>(r);
+        ddp::ReproducibleReducer red(sw[ur], m, {.reuse_after_failure = true});
+        red.add(g[ur]);
+        red.begin(7);
+        for (std::size_t i : red.pending()) {
+          leaf(i, g[ur]);
+          red.accumulate(i);
+        }
+        red.finalize();  // "fails": not applied
+        if (r == 2) return;  // replica 2 dies; replicas 0 and 1 retry as ranks 0 and 1 of 2
+        sw[ur].cur = &small[ur];
+        red.begin(7);
+        const auto todo = red.pending();
+        for (std::size_t i : todo) {
+          leaf(i, g[ur]);
+          red.accumulate(i);
+        }
+        red.finalize();
+        st[ur] = red.last_step();
+        (r == 0 ? out0 : out1) = g[ur];
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  CHECK(st[0].reused == 4);  // node (2, 0): micro-batches 0..3
+  CHECK(st[0].computed == 2);
+  CHECK(st[1].reused == 0);  // [4, 8) does not fit in [6, 12) as whole nodes: (2, 1) is [4, 8)
+  CHECK(st[1].computed == 6);
+  // Reference: DP=1.
+  std::vector<float> ref(100);
+  on_ranks(1, [&](ddp::communicator_ref c) {
+    ddp::ReproducibleReducer red(c, m);
+    red.add(ref);
+    for (std::size_t i = 0; i < m; ++i) {
+      leaf(i, ref);
+      red.accumulate(i);
+    }
+    red.finalize();
+  });
+  CHECK(out0 == ref);
+  CHECK(out1 == ref);
+}
+
+TEST_CASE("ReproducibleReducer: usage errors", "[reproducible][local]") {
+  on_ranks(2, [](ddp::communicator_ref c) {
+    std::vector<float> g(4);
+    std::vector<int> ints(4);
+    {
+      ddp::ReproducibleReducer red(c, 4);
+      SUITE_EXPECT_THROW(red.add(ints), ddp::usage_error);
+      red.add(g);
+      SUITE_EXPECT_THROW(red.add(g), ddp::usage_error);  // the same memory twice
+      red.build();
+      std::vector<float> late(2);
+      SUITE_EXPECT_THROW(red.add(late), ddp::usage_error);
+      red.begin();
+      const auto r = red.range();
+      red.accumulate(r.first);
+      SUITE_EXPECT_THROW(red.accumulate(r.first), ddp::usage_error);
+      SUITE_EXPECT_THROW(red.accumulate(r.first == 0 ? 3 : 0), ddp::usage_error);  // another rank's
+      // The last micro-batch of the range is missing: an error before any collective.
+      bool named = false;
+      try {
+        red.finalize();
+      } catch (const ddp::usage_error& e) {
+        named = std::string(e.what()).find("were never accumulated (" + std::to_string(r.first + 1) + ")") !=
+                std::string::npos;
+      }
+      SUITE_EXPECT(named, "finalize names the missing micro-batch");
+    }
+    // Ranks that disagree on the micro-batches fail together in build().
+    ddp::ReproducibleReducer red(c, c.rank() == 0 ? 4 : 5);
+    red.add(g);
+    SUITE_EXPECT_THROW(red.build(), ddp::usage_error);
+  });
 }
