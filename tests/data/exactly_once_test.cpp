@@ -4,8 +4,8 @@
 // reuses what survivors computed for a failed step. Faults are injected as in
 // tests/manager/manager_local_test.cpp: a replica crashes before, during or after its gradient
 // collective (a replacement joins), two crash in one step, one stalls for twice the collective
-// timeout (and, hidden, two join a running job). Every run records the sample ids of every committed step and
-// checks:
+// timeout (and, hidden, two join a running job). Every run records the sample ids of every
+// committed step and checks:
 //   - each committed step's shares are disjoint and together are exactly that step's global
 //     batch (B samples, whatever the quorum's size);
 //   - over the committed steps, every sample of every completed epoch appears exactly once, and
