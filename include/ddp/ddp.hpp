@@ -39,3 +39,7 @@
 #include <ddp/any_communicator.hpp>
 #include <ddp/training_state.hpp>
 #include <ddp/manager.hpp>
+
+#include <ddp/data/global_batch_sampler.hpp>
+#include <ddp/partition.hpp>
+#include <ddp/reproducible.hpp>

@@ -518,8 +518,11 @@ class Manager {
     rank_ = m.rank;
     size_ = m.size();
     members_ = m.members;
+    // Join requests up to the record count as answered; later ones (a replica left out of this
+    // group asks while the new members heal) must re-form it, so rank 0 keeps this very count.
+    const std::int64_t joins_answered = m.rank == 0 ? store_.add("joins", 0) : 0;
     if (m.rank == 0) {
-      const detail::quorum_record rec{target, store_.add("joins", 0), m.members};
+      const detail::quorum_record rec{target, joins_answered, m.members};
       store_.set("current", as_bytes(detail::encode_quorum_record(rec)));
     }
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
@@ -528,7 +531,7 @@ class Manager {
     // Keys of older generations are garbage now (gloo keys are write-once anyway).
     if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/");
     join_requested_ = false;
-    joins_at_formation_ = store_.add("joins", 0);
+    joins_at_formation_ = m.rank == 0 ? joins_answered : store_.add("joins", 0);
     needs_quorum_ = false;
     ++stats_.quorums;
     std::string text = "quorum " + std::to_string(target) + " formed: " + std::to_string(m.size()) + " replicas [";
