@@ -661,7 +661,7 @@ class Bucketer {
     std::vector<std::int64_t> all(timing_words * static_cast<std::size_t>(comm_.size()), timing_unset);
     comm_.allgather(view(words), view(all)).wait();
     ++current_.collectives;
-    current_.straggler = attribute(all);
+    current_.straggler = attribute_straggler(all);
   }
 
   void record_bucket(std::size_t b, clock::time_point completed) {

@@ -518,8 +518,11 @@ class Manager {
       store_.add("joins", 1);  // ask the running quorum to re-form with this replica
       signalled_after_ = latest.generation + 1;
     }
-    int alive = 0;
-    for (const auto& id : latest.members) alive += heartbeat_fresh(id) ? 1 : 0;
+    std::vector<std::string> live;  // also named by the rendezvous' progress reports while missing
+    for (const auto& id : latest.members) {
+      if (heartbeat_fresh(id)) live.push_back(id);
+    }
+    const int alive = static_cast<int>(live.size());
     const int pending = detail::pending_joins(store_.add("joins", 0), latest.joins);
     stores::group_options g;
     g.min_members = std::max(opts_.min_replicas, alive / 2 + 1);  // a minority never forms a quorum
@@ -528,9 +531,7 @@ class Manager {
     g.max_members = latest.members.empty() ? INT_MAX : std::max(g.min_members, alive + pending);
     g.settle = opts_.settle;
     g.progress = opts_.progress;
-    for (const auto& id : latest.members) {
-      if (heartbeat_fresh(id)) g.expected.push_back(id);
-    }
+    g.expected = std::move(live);
     // Bounded attempts: a member that died a moment ago still counts as alive until its
     // heartbeat expires; after that the next attempt asks for a smaller majority.
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());

@@ -22,7 +22,7 @@
 /// The Bucketer measures both values for free every step (`step_stats`); with
 /// `bucketer_options::straggler_every = N` it exchanges them every N synchronised iterations
 /// with one allgather of `timing_words` int64 per rank at the end of `finalize()`, after which
-/// every rank holds the same `straggler_report`. `attribute()` is the pure computation, usable
+/// every rank holds the same `straggler_report`. `attribute_straggler()` is the pure computation, usable
 /// with values exchanged any other way.
 
 #include <algorithm>
@@ -83,7 +83,7 @@ struct straggler_report {
 /// flags (bit 0: shadowed).
 inline constexpr std::size_t timing_words = 5;
 
-/// A rank's words for the exchange, in the layout `attribute()` reads.
+/// A rank's words for the exchange, in the layout `attribute_straggler()` reads.
 [[nodiscard]] inline std::vector<std::int64_t> timing_to_words(std::uint64_t iteration, const rank_timing& t) {
   auto ns = [](double ms) { return static_cast<std::int64_t>(std::llround(ms * 1e6)); };
   return {static_cast<std::int64_t>(iteration), ns(t.ready_span_ms), ns(t.finalize_wait_ms), ns(t.arrival_wait_ms),
@@ -98,7 +98,7 @@ inline constexpr std::int64_t timing_unset = std::numeric_limits<std::int64_t>::
 /// Returns an invalid report if any rank's words are unset or describe another iteration.
 /// The slowest rank is the training (non-shadowed) rank with the shortest arrival wait; ties go
 /// to the lowest rank.
-[[nodiscard]] inline straggler_report attribute(std::span<const std::int64_t> words) {
+[[nodiscard]] inline straggler_report attribute_straggler(std::span<const std::int64_t> words) {
   straggler_report rep;
   const std::size_t n = words.size() / timing_words;
   if (n == 0 || words.size() % timing_words != 0) return rep;

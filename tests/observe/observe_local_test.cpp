@@ -43,7 +43,7 @@ std::filesystem::path fresh_dir(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("attribute(): the rank with the shortest arrival wait is named", "[unit][straggler]") {
+TEST_CASE("attribute_straggler(): the rank with the shortest arrival wait is named", "[unit][straggler]") {
   auto words_of = [](std::vector<ddp::rank_timing> ts, std::uint64_t it = 7) {
     std::vector<std::int64_t> all;
     for (const auto& t : ts) {
@@ -53,7 +53,7 @@ TEST_CASE("attribute(): the rank with the shortest arrival wait is named", "[uni
     return all;
   };
   ddp::rank_timing early{10, 30, 31, 0, false}, late{40, 0.5, 0.8, 0, false}, mid{25, 15, 16, 0, false};
-  const auto rep = ddp::attribute(words_of({early, late, mid}));
+  const auto rep = ddp::attribute_straggler(words_of({early, late, mid}));
   REQUIRE(rep.valid);
   CHECK(rep.iteration == 7);
   CHECK(rep.slowest_rank == 1);
@@ -66,20 +66,20 @@ TEST_CASE("attribute(): the rank with the shortest arrival wait is named", "[uni
 
   SECTION("a shadowed (joined) rank is never named") {
     ddp::rank_timing joined{0, 0.1, 0.1, 0, true};
-    const auto r2 = ddp::attribute(words_of({early, joined, mid}));
+    const auto r2 = ddp::attribute_straggler(words_of({early, joined, mid}));
     CHECK(r2.slowest_rank == 2);
   }
   SECTION("ties go to the lowest rank") {
-    CHECK(ddp::attribute(words_of({mid, mid})).slowest_rank == 0);
+    CHECK(ddp::attribute_straggler(words_of({mid, mid})).slowest_rank == 0);
   }
   SECTION("unset words or another iteration: no report") {
     auto w = words_of({early, late});
     w[ddp::timing_words + 2] = ddp::timing_unset;
-    CHECK_FALSE(ddp::attribute(w).valid);
+    CHECK_FALSE(ddp::attribute_straggler(w).valid);
     auto w2 = words_of({early, late});
     w2[ddp::timing_words] = 8;
-    CHECK_FALSE(ddp::attribute(w2).valid);
-    CHECK_FALSE(ddp::attribute({}).valid);
+    CHECK_FALSE(ddp::attribute_straggler(w2).valid);
+    CHECK_FALSE(ddp::attribute_straggler({}).valid);
   }
 }
 
