@@ -268,7 +268,8 @@ TEST_CASE("Manager: healing reports progress and records quorum, heal and commit
         state, o);
     ddp::timeline::recorder rec(who);
     m.set_recorder(&rec);
-    ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+    // straggler_every = 1 over a Manager: the exchange goes through the quorum's communicator.
+    ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false, .straggler_every = 1});
     grads.add(p, g);
     grads.build();
     grads.set_recorder(&rec);
@@ -277,6 +278,8 @@ TEST_CASE("Manager: healing reports progress and records quorum, heal and commit
       grads.mark_ready(0);
       grads.finalize();
       if (!m.should_commit()) throw std::runtime_error("a step did not commit");
+      const auto& rep = grads.last_step().straggler;
+      if (!rep.valid || rep.ranks.size() != 2) throw std::runtime_error("no straggler report over the Manager");
     }
     recorded[static_cast<std::size_t>(who)] = rec.events();
   };
