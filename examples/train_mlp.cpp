@@ -2,6 +2,9 @@
 //
 //   mpiexec -n 2 ./train_mlp            (MPI processes)
 //   ./train_mlp --threads 2             (the same, as threads of one process: no mpirun needed)
+//   mpiexec -n 2 ./train_mlp --trace DIR (also write a timeline: DIR/trace.<rank>.json, merged
+//                                        into DIR/train_mlp.trace.json; docs/observability.md)
+//   ... --slow-rank R                    (rank R sleeps 1 ms in each backward pass: a straggler)
 //
 // Each rank trains on its own shard of a synthetic regression task. The backward pass marks each
 // gradient ready as soon as it is computed (last layer first), so the Bucketer averages the first
@@ -12,9 +15,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ddp/ddp.hpp>
@@ -66,7 +72,7 @@ struct mlp {
 
   // Forward + backward on one batch; `ready(i)` is called as gradient i becomes final.
   template <class Ready>
-  float step(const std::vector<float>& x, const std::vector<float>& y, Ready&& ready) {
+  float step(const std::vector<float>& x, const std::vector<float>& y, Ready&& ready, bool slow = false) {
     std::vector<float> h(batch * hidden), out(batch);
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t j = 0; j < hidden; ++j) {
@@ -93,6 +99,7 @@ struct mlp {
     }
     ready(3);
     ready(2);
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // --slow-rank: a straggler
     for (std::size_t i = 0; i < gw1.numel(); ++i) gw1[i] = 0;
     for (std::size_t j = 0; j < hidden; ++j) gb1[j] = 0;
     for (std::size_t s = 0; s < batch; ++s) {
@@ -124,15 +131,23 @@ struct mlp {
   }
 };
 
-void train(ddp::communicator_ref comm) {
+void train(ddp::communicator_ref comm, const std::string& trace_dir, int slow_rank) {
   const int rank = comm.rank(), size = comm.size();
   mlp model(42);  // same initial parameters everywhere (or broadcast them: grads.broadcast_parameters(0))
-  ddp::Bucketer grads(comm, ddp::bucketing::size_capped{.cap_bytes = 1024, .small_bucket_bytes = 512});
+  // With a trace, every step also tells every rank which rank was slowest (one tiny allgather).
+  ddp::Bucketer grads(comm, ddp::bucketing::size_capped{.cap_bytes = 1024, .small_bucket_bytes = 512},
+                      {.straggler_every = trace_dir.empty() ? 0u : 1u});
   grads.add(model.w1, model.gw1);
   grads.add(model.b1, model.gb1);
   grads.add(model.w2, model.gw2);
   grads.add(model.b2, model.gb2);
   grads.build();
+  std::optional<ddp::timeline::recorder> timeline;  // one per rank; nothing is recorded without --trace
+  if (!trace_dir.empty()) {
+    timeline.emplace(rank);
+    timeline->synchronize(comm);  // a common time origin for the merged view
+    grads.set_recorder(&*timeline);
+  }
   if (rank == 0) {
     std::printf("training a %zu-%zu-1 MLP on %d ranks, %zu gradient buckets\n", in_dim, hidden, size,
                 grads.layout().size());
@@ -150,7 +165,7 @@ void train(ddp::communicator_ref comm) {
         for (std::size_t k = 0; k < in_dim; ++k) t += (x[i * in_dim + k] = u(data_rng));
         y[i] = std::sin(t);
       }
-      loss_sum[0] += model.step(x, y, [&](std::size_t i) { grads.mark_ready(i); });
+      loss_sum[0] += model.step(x, y, [&](std::size_t i) { grads.mark_ready(i); }, rank == slow_rank);
       grads.finalize();  // averaged gradients are in place
       model.sgd();
     }
@@ -166,6 +181,19 @@ void train(ddp::communicator_ref comm) {
     std::printf("last step: %zu collectives, backward %.3f ms, finalize waited %.3f ms\n", st.collectives,
                 st.backward_ms, st.finalize_wait_ms);
   }
+  if (timeline) {
+    if (rank == 0) std::printf("last step: %s\n", st.straggler.describe().c_str());
+    const std::filesystem::path dir(trace_dir);
+    timeline->write_file((dir / ("trace." + std::to_string(rank) + ".json")).string());
+    comm.barrier().wait();
+    if (rank == 0) {
+      std::vector<std::string> files;
+      for (int r = 0; r < size; ++r) files.push_back((dir / ("trace." + std::to_string(r) + ".json")).string());
+      ddp::timeline::merge_files(files, (dir / "train_mlp.trace.json").string());
+      std::printf("timeline: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+                  (dir / "train_mlp.trace.json").string().c_str());
+    }
+  }
   std::vector<std::int64_t> mine{static_cast<std::int64_t>(model.fingerprint())};
   std::vector<std::int64_t> all(static_cast<std::size_t>(size));
   comm.allgather(ddp::view(mine), ddp::view(all)).wait();
@@ -180,13 +208,21 @@ void train(ddp::communicator_ref comm) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc > 2 && std::strcmp(argv[1], "--threads") == 0) {
-      ddp::local::run(std::atoi(argv[2]), [](ddp::local::communicator& c) { train(c); });
+    std::string trace_dir;
+    int threads = 0, slow_rank = -1;
+    for (int i = 1; i + 1 < argc; ++i) {
+      if (std::strcmp(argv[i], "--trace") == 0) trace_dir = argv[i + 1];
+      if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
+      if (std::strcmp(argv[i], "--slow-rank") == 0) slow_rank = std::atoi(argv[i + 1]);
+    }
+    if (!trace_dir.empty()) std::filesystem::create_directories(trace_dir);
+    if (threads > 0) {
+      ddp::local::run(threads, [&](ddp::local::communicator& c) { train(c, trace_dir, slow_rank); });
       return 0;
     }
     ddp::mpi::environment env(&argc, &argv);
     auto comm = ddp::mpi::communicator::world();
-    train(comm);
+    train(comm, trace_dir, slow_rank);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: %s\n", e.what());

@@ -49,7 +49,9 @@
 #include <ddp/gradient_hooks.hpp>
 #include <ddp/hooks/allreduce_average.hpp>
 #include <ddp/joinable.hpp>
+#include <ddp/straggler.hpp>
 #include <ddp/tensor.hpp>
+#include <ddp/timeline.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp {
@@ -74,6 +76,12 @@ struct bucketer_options {
   /// pass; needs a backend that accepts calls from several threads (MPI: THREAD_MULTIPLE or
   /// SERIALIZED). Off by default: measure it (bench/overlap_bench) on your machine.
   std::chrono::microseconds progress_interval{0};
+  /// Every this many synchronised iterations, `finalize()` ends with one allgather of
+  /// `timing_words` int64 per rank, after which every rank knows who was slowest
+  /// (`step_stats::straggler`, see straggler.hpp). 0: never. Every rank must use the same value,
+  /// and ranks must agree on the iteration count (with a Manager, where a replica may start
+  /// later, use 0 or 1).
+  std::uint32_t straggler_every = 0;
 
   /// Memberwise.
   friend bool operator==(const bucketer_options&, const bucketer_options&) = default;
@@ -96,6 +104,10 @@ struct step_stats {
   std::size_t collectives = 0;     ///< hook launches plus the Bucketer's own collectives
   bool shadowed = false;           ///< this rank had joined and mirrored the others' collectives
   bool rebuilt = false;            ///< the layout was rebuilt at the end of this iteration
+  // ---- straggler attribution (straggler.hpp) ----
+  double last_ready_ms = 0;        ///< first to last mark_ready: this rank's backward pass
+  double arrival_wait_ms = 0;      ///< last mark_ready to the last bucket's completion (short: others waited for this rank)
+  straggler_report straggler;      ///< every rank's timing, when exchanged (`bucketer_options::straggler_every`)
 };
 
 /// Averages a fixed set of registered gradients across the ranks of a communicator, bucket by
@@ -203,6 +215,7 @@ class Bucketer {
                             "finalize() was not called after the previous backward pass");
     }
     if (recording_) ready_order_[ready_seen_.fetch_add(1)] = i;
+    if (rec_) rec_->instant("backward", "ready", clock::now(), {{"gradient", static_cast<double>(i)}});
     const entry& e = entries_[i];
     if (!opts_.zero_copy && e.gradient.count > 0) {
       // With the default hook, averaging is folded into this copy (it runs during the backward
@@ -256,6 +269,7 @@ class Bucketer {
     if (opts_.find_unused_parameters) copy_back();
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
+    observe_step_locked(called);
     stats_ = current_;
   }
 
@@ -321,6 +335,13 @@ class Bucketer {
   [[nodiscard]] const bucketer_options& options() const noexcept { return opts_; }
   /// Communicator of every collective of this Bucketer.
   [[nodiscard]] communicator_ref communicator() const noexcept { return comm_; }
+
+  /// Records this Bucketer's events in `rec` (null: stop): a `backward` mark per `mark_ready`,
+  /// each bucket's collective on its own track, the finalize wait, the step. Set it between
+  /// iterations; `rec` must outlive the Bucketer or be unset first.
+  void set_recorder(timeline::recorder* rec) noexcept { rec_ = rec; }
+  /// The recorder set with `set_recorder` (null if none).
+  [[nodiscard]] timeline::recorder* recorder() const noexcept { return rec_; }
 
   // ---- joinable (see joinable.hpp) -----------------------------------------------------------
 
@@ -598,7 +619,57 @@ class Bucketer {
   void note_completed(std::size_t b) {
     if (buckets_[b].completed) return;
     buckets_[b].completed = true;
-    current_.buckets[b].completed_ms = ms_between(iteration_start_, clock::now());
+    const auto now = clock::now();
+    current_.buckets[b].completed_ms = ms_between(iteration_start_, now);
+    if (rec_) record_bucket(b, now);
+  }
+
+  // ---- observation hooks (straggler.hpp, timeline.hpp) ---------------------------------------
+
+  // End of a synchronised or shadowed iteration: local timings, the straggler exchange when due,
+  // the timeline's finalize and step spans.
+  void observe_step_locked(clock::time_point finalize_called) {
+    double last_launch = 0, last_complete = 0;
+    for (const auto& b : current_.buckets) {
+      last_launch = std::max(last_launch, b.launched_ms);
+      last_complete = std::max(last_complete, b.completed_ms);
+    }
+    current_.last_ready_ms = current_.shadowed ? 0.0 : last_launch;
+    current_.arrival_wait_ms = std::max(0.0, last_complete - last_launch);
+    const auto end = clock::now();
+    if (opts_.straggler_every > 0 && current_.iteration % opts_.straggler_every == 0) exchange_timings_locked();
+    if (rec_) {
+      const char* what = current_.shadowed ? "shadow iteration" : "finalize";
+      rec_->span("finalize", what, finalize_called, end, {{"wait_ms", current_.finalize_wait_ms}});
+      const auto& s = current_.straggler;
+      rec_->span("step", "step", iteration_start_, clock::now(),
+                 {{"iteration", static_cast<double>(current_.iteration)},
+                  {"slowest_rank", s.valid ? static_cast<double>(s.slowest_rank) : -1.0},
+                  {"arrival_wait_ms", current_.arrival_wait_ms}});
+    }
+  }
+
+  // One allgather of timing_words int64 per rank; every rank computes the same report.
+  void exchange_timings_locked() {
+    const timeline::scoped_span span(rec_, "finalize", "straggler exchange");
+    rank_timing mine;
+    mine.ready_span_ms = current_.last_ready_ms;
+    mine.finalize_wait_ms = current_.finalize_wait_ms;
+    mine.arrival_wait_ms = current_.arrival_wait_ms;
+    mine.shadowed = current_.shadowed;
+    std::vector<std::int64_t> words = timing_to_words(current_.iteration, mine);
+    std::vector<std::int64_t> all(timing_words * static_cast<std::size_t>(comm_.size()), timing_unset);
+    comm_.allgather(view(words), view(all)).wait();
+    ++current_.collectives;
+    current_.straggler = attribute_straggler(all);
+  }
+
+  void record_bucket(std::size_t b, clock::time_point completed) {
+    const bucket_stats& s = current_.buckets[b];
+    const auto launched =
+        iteration_start_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(s.launched_ms));
+    rec_->span({"bucket", static_cast<int>(b)}, shadowing_ ? "allreduce (shadow)" : "allreduce", launched, completed,
+               {{"bytes", static_cast<double>(s.bytes)}, {"gradients", static_cast<double>(s.gradients)}});
   }
 
   // Waits for every bucket and `extra` (the used-gradient map) with one deadline (work::wait_all:
@@ -722,6 +793,7 @@ class Bucketer {
     wait_all_locked(iteration_start_, false, used_map);
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
+    observe_step_locked(iteration_start_);
     stats_ = current_;
   }
 
@@ -806,6 +878,7 @@ class Bucketer {
   std::atomic<bool> stop_progress_{false};
   std::thread progress_thread_;  // optional (progress_interval); joined in the destructor
 
+  timeline::recorder* rec_ = nullptr;    // optional (set_recorder)
   std::vector<attached_hook> attached_;  // destroyed before the state its hooks use
   step_stats current_;
   step_stats stats_;

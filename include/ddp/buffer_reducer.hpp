@@ -59,6 +59,7 @@
 #include <ddp/strategies/buffer_strategy.hpp>
 #include <ddp/strategies/custom.hpp>
 #include <ddp/tensor.hpp>
+#include <ddp/timeline.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp {
@@ -272,8 +273,12 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
     if (!communicate) return work::ready();
     if (round) round->collective_issued();  // the JoinContext learns the order of the joinables' collectives
     ++stats_.communicating_syncs;
-    return track(issue(round ? &*round : nullptr, false));
+    const auto issued_at = rec_ ? clock::now() : clock::time_point{};
+    return observed(track(issue(round ? &*round : nullptr, false)), issued_at);
   }
+
+  /// Records syncs in `rec` (track `buffers`; null: stop).
+  void set_recorder(timeline::recorder* rec) noexcept { rec_ = rec; }
 
   /// Remembers a training rank's join round for the next sync.
   void record_round(const join_round& round) { round_ = round; }
@@ -283,6 +288,7 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
     check_idle("BufferReducer join hook");
     build();
     ++stats_.shadowed_syncs;
+    const timeline::scoped_span span(rec_, "buffers", "shadow sync");
     issue(&round, true).wait();
   }
 
@@ -314,6 +320,15 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
     if (w.done()) return w;
     in_flight_.store(true, std::memory_order_release);
     w.then([guard = std::make_shared<flight_guard>(shared_from_this())] {});
+    return w;
+  }
+
+  // Timeline: the sync from issue to observed completion (its continuation records it).
+  work observed(work w, clock::time_point start) {
+    if (!rec_ || !rec_->enabled()) return w;
+    w.then([rec = rec_, start, n = stats_.last_sync_collectives] {
+      rec->span("buffers", "sync", start, clock::now(), {{"collectives", static_cast<double>(n)}});
+    });
     return w;
   }
 
@@ -542,6 +557,7 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
   std::optional<join_round> round_;
   std::atomic<bool> in_flight_{false};
   buffer_reducer_stats stats_;
+  timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
 };
 
 template <class>
@@ -704,6 +720,10 @@ class BufferReducer {
 
   /// Whether the next `sync()` communicates (the period).
   [[nodiscard]] bool will_communicate() const noexcept { return state_->will_communicate(); }
+
+  /// Records each sync, from issue to observed completion, in `rec` (track `buffers`; null:
+  /// stop). `rec` must outlive the reducer's pending work, or be unset first.
+  void set_recorder(timeline::recorder* rec) noexcept { state_->set_recorder(rec); }
 
   // ---- joinable (see joinable.hpp) -------------------------------------------------------------
 

@@ -25,6 +25,7 @@
 #include <ddp/hooks/allreduce_average.hpp>
 #include <ddp/hooks/compress.hpp>
 #include <ddp/bucketer.hpp>
+#include <ddp/straggler.hpp>
 
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/strategies/allreduce.hpp>
@@ -43,3 +44,6 @@
 #include <ddp/data/global_batch_sampler.hpp>
 #include <ddp/partition.hpp>
 #include <ddp/reproducible.hpp>
+
+#include <ddp/progress.hpp>
+#include <ddp/timeline.hpp>

@@ -46,6 +46,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/error.hpp>
 #include <ddp/joinable.hpp>
+#include <ddp/timeline.hpp>
 
 namespace ddp {
 
@@ -130,6 +131,7 @@ class JoinContext {
     notified_ = true;
     if (!opts_.enable) return disabled_round();
     merge(learned_, log_->sequence());  // the order the joinables issued in during the previous iteration
+    timeline::scoped_span span(rec_, "join", "notify");
     std::vector<std::int64_t> words(words_, 0);
     words[0] = 1;
     std::size_t k = 1;
@@ -138,6 +140,7 @@ class JoinContext {
     const auto r = static_cast<std::size_t>(comm_.rank());
     words[bitmap_offset() + r / 63] = std::int64_t{1} << (r % 63);
     exchange(words);
+    span.set("training", round_.training);
     if (round_.training < round_.world_size && opts_.throw_on_early_termination) throw_early_termination();
     const std::uint64_t epoch = log_->begin();
     std::size_t j = 0;
@@ -160,8 +163,10 @@ class JoinContext {
     try {
       auto hooks = std::apply([&](auto&... j) { return std::make_tuple(j.join_hook(opts_.hooks)...); }, joinables_);
       for (;;) {
+        timeline::scoped_span span(rec_, "join", "shadow round");
         std::vector<std::int64_t> words(words_, 0);
         exchange(words);
+        span.set("training", round_.training);
         if (round_.training == 0) break;
         if (opts_.throw_on_early_termination) throw_early_termination();
         shadow_in_order(hooks, std::make_index_sequence<K>{});
@@ -176,6 +181,7 @@ class JoinContext {
         }
       }
       summary.rounds = rounds_ - 1;  // the last exchange found nobody training
+      const timeline::scoped_span post(rec_, "join", "post hooks");
       std::apply([&](auto&... h) { (h.post_hook(summary), ...); }, hooks);
     } catch (...) {
       failed_ = true;
@@ -202,6 +208,9 @@ class JoinContext {
     merge(order, log_->sequence());
     return order;
   }
+  /// Records the bookkeeping rounds in `rec` (track `join`; null: stop). `rec` must outlive
+  /// the context or be unset first.
+  void set_recorder(timeline::recorder* rec) noexcept { rec_ = rec; }
 
  private:
   [[nodiscard]] std::size_t bitmap_words() const { return (static_cast<std::size_t>(comm_.size()) + 62) / 63; }
@@ -413,6 +422,7 @@ class JoinContext {
   bool notified_ = false;
   bool finished_ = false;
   bool failed_ = false;
+  timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
 };
 
 /// Deduces the joinable types: `ddp::JoinContext join(opts, grads, buffers);`.

@@ -50,9 +50,11 @@
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
+#include <ddp/progress.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/membership.hpp>
 #include <ddp/stores/prefix_store.hpp>
+#include <ddp/timeline.hpp>
 #include <ddp/training_state.hpp>
 #include <ddp/work.hpp>
 
@@ -150,6 +152,9 @@ struct manager_options {
   /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
   /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
   bool healed_replicas_participate = true;
+  /// Reports long operations: healing (bytes, rate, time left) and quorum rendezvous (who has
+  /// not arrived). Default: lines on stderr from rank 0 for operations over 2 s (progress.hpp).
+  progress_sink progress = print_progress();
 };
 
 /// A quorum as the communicator factory sees it.
@@ -241,6 +246,7 @@ class Manager {
     if (!comm_ && !failed()) {
       throw usage_error(rank_, "Manager::should_commit", "called before start_quorum() formed a quorum");
     }
+    timeline::scoped_span span(rec_, "manager", "commit vote");
     std::int64_t vote[2] = {failed() ? 1 : 0, join_requested_ ? 1 : 0};
     if (!failed()) {
       std::vector<std::int64_t> words(vote, vote + 2);
@@ -254,6 +260,7 @@ class Manager {
       }
     }
     const bool commit = vote[0] == 0 && participants_ >= opts_.min_replicas;
+    span.set("commit", commit ? 1 : 0);
     if (vote[1]) needs_quorum_ = true;  // someone asked to join: re-form at the next start
     if (commit) {
       ++step_;
@@ -294,6 +301,9 @@ class Manager {
   void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
   /// Called for every event (quorum changes, healing, discarded steps).
   void on_event(std::function<void(const manager_event&)> fn) { on_event_ = std::move(fn); }
+  /// Records quorum formation, healing, commit votes and events in `rec` (track `manager`;
+  /// null: stop). `rec` must outlive the Manager or be unset first.
+  void set_recorder(timeline::recorder* rec) noexcept { rec_ = rec; }
 
   // ---- communicator concept: forwards to the current quorum, capturing errors ------------------
 
@@ -427,6 +437,11 @@ class Manager {
   }
 
   void emit(manager_event::kind k, std::string text) {
+    if (rec_) {
+      static constexpr const char* names[] = {"quorum formed", "healed", "sent state", "discarded", "error"};
+      rec_->instant("manager", names[static_cast<std::size_t>(k)], clock::now(), {{"step", static_cast<double>(step_)}},
+                    text);
+    }
     if (on_event_) on_event_({k, step_, std::move(text)});
   }
 
@@ -468,6 +483,7 @@ class Manager {
   }
 
   void form_quorum() {
+    timeline::scoped_span span(rec_, "manager", "quorum");
     const auto deadline = clock::now() + opts_.quorum_timeout;
     std::string last_problem = "no attempt";
     for (;;) {
@@ -480,7 +496,11 @@ class Manager {
       if (comm_) comm_.abort();
       comm_ = any_communicator();
       try {
-        if (try_form_quorum(deadline)) return;
+        if (try_form_quorum(deadline)) {
+          span.set("generation", static_cast<double>(generation_));
+          span.set("size", size_);
+          return;
+        }
       } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
         last_problem = e.what();
       }
@@ -498,8 +518,11 @@ class Manager {
       store_.add("joins", 1);  // ask the running quorum to re-form with this replica
       signalled_after_ = latest.generation + 1;
     }
-    int alive = 0;
-    for (const auto& id : latest.members) alive += heartbeat_fresh(id) ? 1 : 0;
+    std::vector<std::string> live;  // also named by the rendezvous' progress reports while missing
+    for (const auto& id : latest.members) {
+      if (heartbeat_fresh(id)) live.push_back(id);
+    }
+    const int alive = static_cast<int>(live.size());
     const int pending = detail::pending_joins(store_.add("joins", 0), latest.joins);
     stores::group_options g;
     g.min_members = std::max(opts_.min_replicas, alive / 2 + 1);  // a minority never forms a quorum
@@ -507,6 +530,8 @@ class Manager {
     // come: wait `settle` after the minimum arrived.
     g.max_members = latest.members.empty() ? INT_MAX : std::max(g.min_members, alive + pending);
     g.settle = opts_.settle;
+    g.progress = opts_.progress;
+    g.expected = std::move(live);
     // Bounded attempts: a member that died a moment ago still counts as alive until its
     // heartbeat expires; after that the next attempt asks for a smaller majority.
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
@@ -603,6 +628,12 @@ class Manager {
 
   void heal(const std::vector<int>& sources, std::int64_t max_step, bool receiving) {
     const auto start = clock::now();
+    timeline::scoped_span span(rec_, "manager", receiving ? "heal (receive)" : "heal (send)");
+    progress_meter meter(&opts_.progress, "heal", rank_, state_bytes(),
+                         (receiving ? "receiving state of step " : "sending state of step ") + std::to_string(max_step) +
+                             (receiving ? " from " + std::to_string(sources.size()) + " replica(s)"
+                                        : " to " + std::to_string(size_ - static_cast<int>(sources.size())) +
+                                              " recovering replica(s)"));
     std::size_t chunk_index = 0;
     std::size_t moved = 0;
     // Chunk k of the concatenated state comes from sources[k % sources]: the sending load is
@@ -615,7 +646,8 @@ class Manager {
       for (std::size_t off = 0; off < t.count; off += per_chunk) {
         const tensor_view chunk = t.slice(off, std::min(per_chunk, t.count - off));
         const int root = sources[chunk_index++ % sources.size()];
-        transfers.push_back(comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root));
+        transfers.push_back(comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root)
+                                .then([&meter, n = chunk.bytes()] { meter.add_bytes(n); }));
         moved += chunk.bytes();
       }
     }
@@ -637,6 +669,8 @@ class Manager {
       }
     }
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
+    meter.finish();
+    span.set("bytes", static_cast<double>(moved));
     if (receiving) {
       ++stats_.heals;
       stats_.healed_bytes += moved;
@@ -655,6 +689,7 @@ class Manager {
   std::function<std::span<std::int64_t>()> scalars_;
   manager_options opts_;
   std::function<void(const manager_event&)> on_event_;
+  timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
 
   std::unique_ptr<stores::prefix_store<store_ref>> comm_store_;  // outlives comm_ (declared first)
   any_communicator comm_;

@@ -79,12 +79,13 @@ class communicator {
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     // Connecting waits on peers with the context's timeout: keep it within the connect budget.
     ctx->setTimeout(std::min(opts.timeout, opts.connect_timeout));
-    detail::rendezvous_store rendezvous(store, opts.key_prefix, rank, deadline);
+    detail::rendezvous_store rendezvous(store, opts.key_prefix, rank, deadline, size, &opts.progress);
     op_info connect_info;
     connect_info.rank = rank;
     connect_info.name = "connect";
     try {
       ctx->connectFullMesh(rendezvous, device);
+      rendezvous.connected();
     } catch (...) {
       const auto e = detail::translate_current_exception(connect_info);
       try {

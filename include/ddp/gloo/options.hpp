@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include <ddp/progress.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp::gloo {
@@ -27,6 +28,9 @@ struct options {
   /// f16/bf16 are reduced in f32 on the wire: one rounding at the end, like the local backend,
   /// for twice the bytes. False reduces them in their own format (each ring step rounds).
   bool widen_half = true;
+  /// Reports a slow rendezvous while connecting: which ranks have not published their address
+  /// yet. Default: lines on stderr from rank 0 once the wait passes 2 s (progress.hpp).
+  progress_sink progress = print_progress();
 };
 
 }  // namespace ddp::gloo

@@ -20,14 +20,27 @@
 
 #include <ddp/error.hpp>
 #include <ddp/gloo/errors.hpp>
+#include <ddp/progress.hpp>
 #include <ddp/store.hpp>
 
 namespace ddp::gloo::detail {
 
 class rendezvous_store final : public ::gloo::rendezvous::Store {
  public:
-  rendezvous_store(store_ref store, std::string prefix, int rank, std::chrono::steady_clock::time_point deadline)
-      : store_(store), prefix_(std::move(prefix)), rank_(rank), deadline_(deadline) {}
+  rendezvous_store(store_ref store, std::string prefix, int rank, std::chrono::steady_clock::time_point deadline,
+                   int size = 0, const progress_sink* progress = nullptr)
+      : store_(store),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        deadline_(deadline),
+        size_(size),
+        meter_(progress, "gloo connect", rank, 0, {}, std::chrono::milliseconds(500)) {}
+
+  /// Connected: the final progress report (printed only if the wait was reported before).
+  void connected() {
+    meter_.members(size_, size_);
+    meter_.finish();
+  }
 
   void set(const std::string& key, const std::vector<char>& data) override {
     const std::string k = prefix_ + key;
@@ -56,7 +69,7 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
     for (const auto& k : keys) full.push_back(prefix_ + k);
     const auto budget = std::min(timeout, left());
     try {
-      store_.wait(full, budget);
+      wait_reporting(full, budget);
     } catch (const timeout_error& e) {
       std::string who;
       for (const auto& k : keys) who += (who.empty() ? "" : ", ") + member_of(k);
@@ -71,6 +84,28 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
     return std::max(d, std::chrono::milliseconds(0));
   }
 
+  // Waits in slices while a progress sink listens, reporting the ranks whose address is missing.
+  void wait_reporting(const std::vector<std::string>& full, std::chrono::milliseconds budget) {
+    if (size_ <= 0 || !meter_.active()) return store_.wait(full, budget);
+    const auto end = std::chrono::steady_clock::now() + budget;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto slice = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(end - now),
+                                  std::chrono::milliseconds(500));
+      try {
+        store_.wait(full, std::max(slice, std::chrono::milliseconds(0)));
+        return;
+      } catch (const timeout_error&) {
+        if (std::chrono::steady_clock::now() >= end) throw;
+      }
+      std::vector<std::string> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_ && !store_.get(prefix_ + std::to_string(r))) missing.push_back("rank " + std::to_string(r));
+      }
+      meter_.members(size_ - static_cast<int>(missing.size()), size_, std::move(missing));
+    }
+  }
+
   // gloo's keys are "<rank>" (addresses) and "rank_<rank>" (host names): name the member.
   static std::string member_of(const std::string& key) {
     const std::string digits = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
@@ -82,6 +117,8 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
   std::string prefix_;
   int rank_;
   std::chrono::steady_clock::time_point deadline_;
+  int size_;
+  progress_meter meter_;
 };
 
 }  // namespace ddp::gloo::detail

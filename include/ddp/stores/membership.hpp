@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <ddp/error.hpp>
+#include <ddp/progress.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/backoff.hpp>
 #include <ddp/stores/codec.hpp>
@@ -40,6 +41,11 @@ struct group_options {
   /// After `min_members` arrived, how long the first arrival waits for more before closing.
   std::chrono::milliseconds settle{200};
   std::chrono::milliseconds timeout{30000};  ///< overall deadline for forming the group
+  /// Ids the group is expected to hold, if known: progress reports name those not arrived yet.
+  std::vector<std::string> expected{};
+  /// Reports the first arrival's wait (reported as rank 0: members present, who is missing).
+  /// Default: lines on stderr for waits over 2 s (progress.hpp).
+  progress_sink progress = print_progress();
 };
 
 /// The agreed group, as one member sees it.
@@ -95,6 +101,22 @@ struct arrival {
   if (twice != indices.end()) throw fail("arrival " + std::to_string(*twice) + " listed twice");
   return out;
 }
+// Progress of the first arrival: how many arrived and, if the expected ids are known, who not.
+template <store S>
+void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const group_options& opts) {
+  std::vector<std::string> missing;
+  if (!opts.expected.empty()) {
+    std::vector<std::string> present;
+    for (std::int64_t i = 0; i < arrived; ++i) {
+      if (auto v = s.get("members/" + std::to_string(i))) present.push_back(to_text(*v));
+    }
+    for (const auto& id : opts.expected) {
+      if (std::find(present.begin(), present.end(), id) == present.end()) missing.push_back(id);
+    }
+  }
+  const int expected = opts.expected.empty() ? opts.min_members : static_cast<int>(opts.expected.size());
+  meter.members(static_cast<int>(arrived), expected, std::move(missing));
+}
 }  // namespace detail
 
 /// Joins the group forming in `s` (give it a fresh generation's namespace; see prefix_store.hpp).
@@ -126,6 +148,7 @@ template <store S>
   s.set("members/" + std::to_string(me), as_bytes(id));
 
   if (me == 0) {  // the first arrival closes the group
+    progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
     std::int64_t arrived = 1;
     std::chrono::steady_clock::time_point enough_since{};
     bool enough = false;
@@ -133,6 +156,7 @@ template <store S>
     for (;;) {
       arrived = s.add("members/arrivals", 0);
       if (arrived >= opts.max_members) break;
+      if (meter.due()) detail::report_arrivals(s, meter, arrived, opts);
       const auto now = std::chrono::steady_clock::now();
       if (arrived >= opts.min_members) {
         if (!enough) {
@@ -163,6 +187,8 @@ template <store S>
     }
     std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     s.set("members/closed", as_bytes(detail::encode_members(list)));
+    meter.members(static_cast<int>(n), static_cast<int>(opts.expected.empty() ? n : opts.expected.size()));
+    meter.finish();
   }
 
   const auto closed = detail::decode_members(to_text(wait_get(s, "members/closed", left())));
