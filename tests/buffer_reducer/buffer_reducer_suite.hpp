@@ -21,6 +21,7 @@
 #include <ddp/strategies/none.hpp>
 
 #include "../common/collective_suite.hpp"
+#include "../common/fake_handle.hpp"
 
 namespace br_suite {
 
@@ -794,6 +795,90 @@ inline void join_context_uneven(ddp::communicator_ref comm, std::uint64_t period
                "syncs on rank " << rank << ": " << buffers.stats());
 }
 
+// ---- handles are held by value (issue #13, defect 7) ---------------------------------------------------
+
+/// A module whose buffers are handles (BatchNorm's running statistics, as at::Tensor).
+struct handle_module {
+  std::vector<fake::handle> running;
+  explicit handle_module(std::size_t count) {
+    for (std::size_t k = 0; k < count; ++k) running.emplace_back(5 + k);
+  }
+  /// Like torch's `named_buffers()`: a new container of handle copies, returned by value.
+  [[nodiscard]] std::vector<fake::handle> buffers() const { return running; }
+};
+
+/// Fills every running buffer of `m` with value(rank, i) + k.
+inline void fill(handle_module& m, int rank) {
+  for (std::size_t k = 0; k < m.running.size(); ++k) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
+      m.running[k][i] = static_cast<float>(value(rank, i) + static_cast<double>(k));
+    }
+  }
+}
+
+/// Checks that every running buffer of `m` holds the sum over ranks.
+inline void expect_summed(const handle_module& m, int size, const std::string& where) {
+  const auto everyone = all_ranks(size);
+  for (std::size_t k = 0; k < m.running.size(); ++k) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
+      const double want = expected_over(ddp::reduce_op::sum, ddp::dtype::f32, everyone, i, size) +
+                          static_cast<double>(k) * size;
+      expect_close(m.running[k][i], want, ddp::dtype::f32, where + ", buffer " + std::to_string(k));
+    }
+  }
+}
+
+/// `for (auto& b : module.buffers()) reducer.add(b)` registers elements of a temporary container
+/// that is gone after the loop: a reducer that kept references read freed memory (a
+/// heap-use-after-free under ASan). Handles must be held by value, and so are temporary and const
+/// handles (what `p.grad()`-style accessors return).
+inline void handles_by_value(ddp::communicator_ref comm) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  {  // The libtorch trainer's loop, as written.
+    handle_module module(3);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    for (auto& b : module.buffers()) buffers.add(b);
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "handles from a temporary container");
+    fill(module, rank);
+    buffers.sync();  // and again: the held copies stay valid
+    expect_summed(module, size, "handles from a temporary container, second sync");
+  }
+  {  // The same, with the temporary's handles reset before it dies, so that a reducer that kept
+     // references sees undefined handles (deterministically, without relying on freed memory).
+    handle_module module(2);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    {
+      auto listed = module.buffers();
+      for (auto& b : listed) buffers.add(b);
+      for (auto& b : listed) b = fake::handle();
+    }
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "handles of a container reset and destroyed");
+  }
+  {  // A temporary handle and a const one, next to a trainer container.
+    handle_module module(2);
+    const fake::handle& read_only = module.running[1];
+    std::vector<float> counts(3, 1.0f);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    buffers.add(fake::handle(module.running[0]));
+    buffers.add(read_only);
+    buffers.add(counts);
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "temporary and const handles");
+    SUITE_EXPECT(counts[2] == static_cast<float>(size), "container next to handles: " << counts[2]);
+    // A handle of registered storage is still "registered twice".
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> twice(comm);
+    twice.add(module.running[0]);
+    expect_usage_error([&] { twice.add(fake::handle(module.running[0])); }, {"buffer #1", "same data pointer"},
+                       "a second handle of one storage");
+  }
+}
+
 /// Everything except the layout-mismatch and join cases (which need 2 ranks or more).
 inline void run_all(ddp::communicator_ref comm) {
   seed_003(comm, false);
@@ -806,6 +891,7 @@ inline void run_all(ddp::communicator_ref comm) {
   async_sync(comm);
   custom_strategies(comm);
   local_errors(comm);
+  handles_by_value(comm);
   if (comm.size() >= 2) {
     layout_mismatch(comm);
     join_every_strategy(comm);

@@ -145,6 +145,10 @@ TEST_CASE("local: usage errors name the buffer and the rank", "[local][buffer_re
   on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::layout_mismatch(c); });
 }
 
+TEST_CASE("local: issue #13 (7): handle buffers are held by value, never as references", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::handles_by_value(c); });
+}
+
 TEST_CASE("local: join hooks mirror every strategy with neutral data", "[local][buffer_reducer][join]") {
   on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_every_strategy(c); });
 }

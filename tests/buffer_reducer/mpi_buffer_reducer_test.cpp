@@ -57,6 +57,11 @@ TEST_CASE("mpi: usage errors name the buffer and the rank", "[mpi][buffer_reduce
   REQUIRE_NOTHROW(br_suite::layout_mismatch(comm));
 }
 
+TEST_CASE("mpi: issue #13 (7): handle buffers are held by value, never as references", "[mpi][buffer_reducer]") {
+  auto comm = ddp::mpi::communicator::world();
+  REQUIRE_NOTHROW(br_suite::handles_by_value(comm));
+}
+
 TEST_CASE("mpi: join hooks, by hand-made rounds and with the JoinContext", "[mpi][buffer_reducer][join]") {
   auto comm = ddp::mpi::communicator::world();
   REQUIRE_NOTHROW(br_suite::join_every_strategy(comm));
