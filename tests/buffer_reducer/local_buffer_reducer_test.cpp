@@ -181,6 +181,11 @@ TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks ti
   CHECK(timeouts == 1);
 }
 
+TEST_CASE("local: issue #13 (8): BatchNorm statistics keep their scale while ranks join",
+          "[local][buffer_reducer][join]") {
+  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_batchnorm_statistics(c); });
+}
+
 TEST_CASE("local: with the JoinContext, uneven inputs, periods 1 to 3", "[local][buffer_reducer][join]") {
   for (std::uint64_t period : {1u, 2u, 3u}) {
     INFO("period " << period);

@@ -66,6 +66,7 @@ TEST_CASE("mpi: join hooks, by hand-made rounds and with the JoinContext", "[mpi
   auto comm = ddp::mpi::communicator::world();
   REQUIRE_NOTHROW(br_suite::join_every_strategy(comm));
   REQUIRE_NOTHROW(br_suite::join_with_period(comm));
+  REQUIRE_NOTHROW(br_suite::join_batchnorm_statistics(comm));
   for (std::uint64_t period : {1u, 2u, 3u}) {
     INFO("period " << period);
     REQUIRE_NOTHROW(br_suite::join_context_uneven(comm, period));
