@@ -618,7 +618,9 @@ class Bucketer {
     }
   }
 
-  // One allgather of (gradient count, total elements, fingerprint) per rank.
+  // One allgather of (gradient count, total elements, fingerprint) per rank. Only if the ranks
+  // differ, a second one of every gradient's (count, dtype, bucket) names the first gradient
+  // that differs; every rank sees the same data, so every rank throws the same message.
   void check_layout_across_ranks() {
     std::size_t elems = 0;
     for (const auto& e : entries_) elems += e.gradient.count;
@@ -627,18 +629,61 @@ class Bucketer {
                                    static_cast<std::int64_t>(fingerprint_)};
     std::vector<std::int64_t> all(3 * n);
     comm_.allgather(view(mine), view(all)).wait();
-    std::string diff;
+    bool same = true;
+    std::size_t most = 0;  // gradients on the rank with the most
     for (std::size_t r = 0; r < n; ++r) {
-      if (std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-      diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has " +
-              std::to_string(all[3 * r]) + " gradients / " + std::to_string(all[3 * r + 1]) + " elements";
+      same = same && std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(3 * r));
+      most = std::max(most, static_cast<std::size_t>(std::max<std::int64_t>(all[3 * r], 0)));
     }
-    if (!diff.empty()) {
-      throw usage_error(comm_.rank(), "Bucketer::build",
-                        "gradients or bucket layout differ across ranks: this rank has " +
-                            std::to_string(entries_.size()) + " gradients / " + std::to_string(elems) +
-                            " elements; differing: " + diff);
+    if (same) return;
+
+    std::string totals;
+    for (std::size_t r = 0; r < n; ++r) {
+      totals += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " + std::to_string(all[3 * r]) +
+                " gradients / " + std::to_string(all[3 * r + 1]) + " elements";
     }
+    throw usage_error(comm_.rank(), "Bucketer::build",
+                      "gradients or bucket layout differ across ranks: " + first_difference(most) + " (" + totals +
+                          "). Every rank must register the same gradients, in the same order, with the same policy");
+  }
+
+  // The second exchange of check_layout_across_ranks: per gradient (count, dtype, bucket), padded
+  // to `most` gradients with -1 (no such gradient). Names the first gradient that differs from
+  // rank 0's.
+  [[nodiscard]] std::string first_difference(std::size_t most) {
+    constexpr std::size_t words = 3;
+    const auto n = static_cast<std::size_t>(comm_.size());
+    std::vector<std::int64_t> mine(words * most, -1);
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      mine[words * i] = static_cast<std::int64_t>(entries_[i].gradient.count);
+      mine[words * i + 1] = static_cast<std::int64_t>(entries_[i].gradient.type);
+      mine[words * i + 2] = static_cast<std::int64_t>(entries_[i].bucket);
+    }
+    std::vector<std::int64_t> all(words * most * n);
+    if (most > 0) comm_.allgather(view(mine), view(all)).wait();
+    const auto at = [&](std::size_t r, std::size_t i, std::size_t k) { return all[(r * most + i) * words + k]; };
+    const auto describe = [&](std::size_t r, std::size_t i) {
+      if (at(r, i, 0) < 0) return std::string("none (it registered fewer)");
+      return std::string(name_of(static_cast<dtype>(at(r, i, 1)))) + " x " + std::to_string(at(r, i, 0));
+    };
+    for (std::size_t i = 0; i < most; ++i) {  // the gradients first: a different one moves the buckets too
+      for (std::size_t r = 1; r < n; ++r) {
+        if (at(r, i, 0) != at(0, i, 0) || at(r, i, 1) != at(0, i, 1)) {
+          return "gradient " + std::to_string(i) + " is the first that differs: rank 0 has " + describe(0, i) +
+                 ", rank " + std::to_string(r) + " has " + describe(r, i);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < most; ++i) {
+      for (std::size_t r = 1; r < n; ++r) {
+        if (at(r, i, 2) != at(0, i, 2)) {
+          return "the gradients agree, but gradient " + std::to_string(i) + " is in bucket " +
+                 std::to_string(at(0, i, 2)) + " on rank 0 and in bucket " + std::to_string(at(r, i, 2)) + " on rank " +
+                 std::to_string(r) + ": the layout policies (or their knobs) differ";
+        }
+      }
+    }
+    return "the gradients and their buckets agree, but the layouts differ (the order of gradients within a bucket?)";
   }
 
   void note_iteration_start() {

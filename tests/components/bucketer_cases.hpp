@@ -305,6 +305,57 @@ void expect_usage_error(F&& f, const std::string& needle, const std::string& wha
   SUITE_EXPECT(false, what << ": no usage_error thrown");
 }
 
+// Issue #13 (9): a layout mismatch names the first differing gradient (index, count, dtype), the
+// same on every rank. The last rank is the odd one.
+inline void layout_mismatch_names_the_gradient(ddp::communicator_ref comm) {
+  if (comm.size() < 2) return;
+  const int odd = comm.size() - 1;
+  const bool me_odd = comm.rank() == odd;
+  const std::string names_odd = "rank " + std::to_string(odd);
+  std::vector<float> a(10), b(me_odd ? 11 : 10), c(7), extra(3);
+  std::vector<double> d(4);
+  std::vector<float> f(4);
+  {  // count differs
+    ddp::Bucketer x(comm);
+    x.add(a);
+    x.add(b);
+    x.add(c);
+    expect_usage_error([&] { x.build(); }, "gradient 1 is the first that differs: rank 0 has f32 x 10, " + names_odd +
+                                               " has f32 x 11", "count differs");
+  }
+  {  // dtype differs
+    ddp::Bucketer x(comm);
+    x.add(a);
+    x.add(c);
+    if (me_odd) {
+      x.add(d);
+    } else {
+      x.add(f);
+    }
+    expect_usage_error([&] { x.build(); }, "gradient 2 is the first that differs: rank 0 has f32 x 4, " + names_odd +
+                                               " has f64 x 4", "dtype differs");
+  }
+  {  // one gradient more
+    ddp::Bucketer x(comm);
+    x.add(a);
+    if (me_odd) x.add(extra);
+    expect_usage_error([&] { x.build(); },
+                       "gradient 1 is the first that differs: rank 0 has none (it registered fewer), " + names_odd +
+                           " has f32 x 3",
+                       "count of gradients differs");
+  }
+  {  // same gradients, different layout policy knobs
+    std::vector<float> g(4), h(4);
+    ddp::Bucketer x(comm, ddp::bucketing::size_capped{.cap_bytes = me_odd ? 32u : 1024u, .small_bucket_bytes = 16});
+    x.add(a);
+    x.add(c);
+    x.add(f);
+    x.add(g);
+    x.add(h);
+    expect_usage_error([&] { x.build(); }, "the gradients agree, but gradient", "layout differs");
+  }
+}
+
 inline void misuse_errors(ddp::communicator_ref comm) {
   std::vector<float> a(10), c(10);
   {
@@ -331,6 +382,7 @@ inline void misuse_errors(ddp::communicator_ref comm) {
       expect_usage_error([&] { b.build(); }, "differ across ranks", "layout mismatch across ranks");
     }
   }
+  layout_mismatch_names_the_gradient(comm);
   {
     ddp::bucketing::fixed bad;
     bad.explicit_layout.buckets = {{0}, {0}};
