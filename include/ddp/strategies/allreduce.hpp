@@ -16,8 +16,9 @@
 /// ranks join, whatever `join_hook_options::divide_by_initial_world_size` says about gradients;
 /// `allreduce_mean{.divide_by = mean_divisor::join_options}` follows that option instead.
 ///
-/// Integer sums (and the sums behind integer means) wrap around silently on overflow, as the
-/// backends' integer additions do: size counters so that the total over ranks fits the dtype.
+/// Integer sums (and the sums behind integer means) are not checked for overflow by any backend:
+/// a total that does not fit the dtype is a wrong value, silently. Size counters so that the
+/// total over ranks fits.
 
 #include <algorithm>
 #include <cstdint>
