@@ -18,6 +18,11 @@
 /// into the copy into the bucket (as PyTorch's `mul_out`), which runs during the backward pass;
 /// the bucket then needs only a sum. Zero-copy and integer buckets use the backend's `avg`.
 ///
+/// Gradients that move: a gradient registered as an lvalue is re-read at every `mark_ready` of
+/// the copy path (one compare when nothing moved), so a gradient that a framework replaced since
+/// the last step (`zero_grad(set_to_none=true)`) is followed to its new memory, averaged and
+/// written back there. Zero-copy gradients live in the Bucketer's storage and are not re-read.
+///
 /// Collectives per synchronised iteration: one per bucket (through the hook), plus one `u8` max
 /// allreduce of the used-gradient map when `find_unused_parameters` is on. Construction-time
 /// checks cost one allgather (`check_layout`); a rebuilding policy costs one broadcast, once.
@@ -37,6 +42,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -132,32 +138,80 @@ class Bucketer {
 
   // ---- registration ------------------------------------------------------------------------
 
-  /// Registers a gradient (any tensor type, or a tensor_view); returns its index. Before `build()` only.
-  template <tensor G>
-  std::size_t add(G& gradient) {
-    return add_entry(std::nullopt, view(gradient));
+  /// Registers a gradient (any `tensor`, or a `tensor_view`); returns its index. Before `build()` only.
+  ///
+  /// What the Bucketer keeps decides whether it can follow a gradient that moves:
+  /// - an lvalue (`p.mutable_grad()`, `p.grad()`, a `std::vector` member): a reference to that
+  ///   object, the gradient's *slot*, re-read at every `mark_ready` of the copy path. A gradient
+  ///   the trainer (or its framework: `zero_grad(set_to_none=true)`) replaced since the last step
+  ///   is followed: copied in from, and written back to, its new memory. The object must outlive
+  ///   the Bucketer; its element count, dtype and device must not change.
+  /// - a temporary of a handle type (`is_tensor_handle_v`, e.g. `std::span`): a copy of the
+  ///   handle, re-read the same way (it cannot see a slot it is not).
+  /// - a `tensor_view`: that view, fixed.
+  /// - a temporary of any other type does not compile (it would dangle).
+  /// @throws usage_error as `add(tensor_view)`
+  template <class G>
+  std::size_t add(G&& gradient) {
+    if constexpr (!detail::viewable<G>) {
+      detail::explain_not_a_tensor<G>();
+      return 0;
+    } else if constexpr (!kept_safely<G>) {
+      static_assert(detail::not_a_tensor_v<G>,
+                    "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the "
+                    "Bucketer keeps a reference to it and re-reads it at every mark_ready, so a temporary would "
+                    "dangle. Temporaries are accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
+      return 0;
+    } else {
+      const tensor_view v = ddp::view(gradient);
+      return add_entry(std::nullopt, v, {}, gradient_source(std::forward<G>(gradient)));
+    }
   }
-  /// Registers a gradient given as a view; returns its index. Before `build()` only.
+  /// Registers a gradient given as a view; returns its index. Before `build()` only. The view is
+  /// fixed: a gradient that moves cannot be followed (register the tensor itself for that).
   /// @throws usage_error after `build()`, for non-host memory, a null data pointer, or memory
   ///   already registered
-  std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient); }
+  std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient, {}, {}); }
 
   /// Registers a parameter with its gradient. The parameter is only used when joining ranks
-  /// agree on the final model (broadcast from the last rank to join).
-  template <tensor P, tensor G>
-  std::size_t add(P& parameter, G& gradient) {
-    return add(view(parameter), view(gradient));
+  /// agree on the final model (broadcast from the last rank to join). The gradient is kept as by
+  /// `add(gradient)`; the parameter as a copy if it is a handle (`is_tensor_handle_v`, e.g. the
+  /// loop variable of `for (auto& p : model->parameters())`), else as its view (its memory must
+  /// stay where it is).
+  /// @throws usage_error if the two differ in element count or dtype, or as `add(tensor_view)`
+  template <class P, class G>
+  std::size_t add(P&& parameter, G&& gradient) {
+    if constexpr (!detail::viewable<P>) {
+      detail::explain_not_a_tensor<P>();
+      return 0;
+    } else if constexpr (!detail::viewable<G>) {
+      detail::explain_not_a_tensor<G>();
+      return 0;
+    } else if constexpr (!kept_safely<P>) {
+      static_assert(detail::not_a_tensor_v<P>,
+                    "Bucketer::add: pass the parameter as an lvalue (a temporary would dangle); temporaries are "
+                    "accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
+      return 0;
+    } else if constexpr (!kept_safely<G>) {
+      static_assert(detail::not_a_tensor_v<G>,
+                    "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the "
+                    "Bucketer keeps a reference to it and re-reads it at every mark_ready, so a temporary would "
+                    "dangle. Temporaries are accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
+      return 0;
+    } else {
+      const tensor_view pv = ddp::view(parameter);
+      const tensor_view gv = ddp::view(gradient);
+      check_pair(pv, gv);
+      detail::tensor_source ps;
+      if constexpr (is_tensor_handle_v<P>) ps = detail::tensor_source::holding(std::remove_cvref_t<P>(std::forward<P>(parameter)));
+      return add_entry(pv, gv, std::move(ps), gradient_source(std::forward<G>(gradient)));
+    }
   }
-  /// Registers a parameter with its gradient, given as views; returns the gradient's index.
+  /// Registers a parameter with its gradient, given as views (both fixed); returns the gradient's index.
   /// @throws usage_error if the two differ in element count or dtype, or as `add(tensor_view)`
   std::size_t add(tensor_view parameter, tensor_view gradient) {
-    if (parameter.count != gradient.count || parameter.type != gradient.type) {
-      throw usage_error(comm_.rank(), "Bucketer::add",
-                        "parameter " + std::to_string(entries_.size()) + " has " + std::to_string(parameter.count) +
-                            " " + std::string(name_of(parameter.type)) + " elements but its gradient has " +
-                            std::to_string(gradient.count) + " " + std::string(name_of(gradient.type)));
-    }
-    return add_entry(parameter, gradient);
+    check_pair(parameter, gradient);
+    return add_entry(parameter, gradient, {}, {});
   }
 
   /// Replaces the per-bucket collective (default: `hooks::allreduce_average`). Before `build()`.
@@ -216,7 +270,11 @@ class Bucketer {
     }
     if (recording_) ready_order_[ready_seen_.fetch_add(1)] = i;
     if (rec_) rec_->instant("backward", "ready", clock::now(), {{"gradient", static_cast<double>(i)}});
-    const entry& e = entries_[i];
+    entry& e = entries_[i];  // only this call touches entry i during the iteration
+    // Copy path: re-read the gradient's slot (one compare when nothing moved) and follow it to
+    // new memory, so a gradient replaced since the last step (set_to_none) is the one averaged.
+    // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
+    if (!opts_.zero_copy && e.grad_source.rereads()) follow_gradient(i, e, "Bucketer::mark_ready");
     if (!opts_.zero_copy && e.gradient.count > 0) {
       // With the default hook, averaging is folded into this copy (it runs during the backward
       // pass, off the critical path); the bucket then only needs a sum.
@@ -266,11 +324,13 @@ class Bucketer {
     work used_map = launch_used_map(unmarked);
     const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters;
     wait_all_locked(called, copy_each, used_map);
-    if (opts_.find_unused_parameters) copy_back();
+    std::vector<std::size_t> lost;  // used elsewhere, but without memory here: thrown after the collectives
+    if (opts_.find_unused_parameters) lost = copy_back();
     if (rebuild_pending_) rebuild_locked();
     current_.iteration = ++iterations_;
     observe_step_locked(called);
     stats_ = current_;
+    if (!lost.empty()) throw_lost(lost);
   }
 
   /// RAII scope in which iterations only accumulate locally (no communication). The next
@@ -380,10 +440,24 @@ class Bucketer {
   [[nodiscard]] join_hook_type join_hook(const join_hook_options&) { return join_hook_type(*this); }
 
   /// Broadcasts every registered parameter from `root` (one coalesced collective). Collective.
+  /// A parameter held as a handle is re-read first.
+  /// @throws usage_error if a held parameter changed its element count, dtype or device
   void broadcast_parameters(int root) {
     std::vector<tensor_view> params;
-    for (const auto& e : entries_) {
-      if (e.parameter) params.push_back(*e.parameter);
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      entry& e = entries_[i];
+      if (!e.parameter) continue;
+      if (e.param_source.rereads()) {
+        const tensor_view now = e.param_source.read();
+        if (!same_shape(now, *e.parameter)) {
+          throw usage_error(comm_.rank(), "Bucketer::broadcast_parameters",
+                            "parameter " + std::to_string(i) + " was registered as " +
+                                std::string(name_of(e.parameter->type)) + " x " + std::to_string(e.parameter->count) +
+                                " and is now " + std::string(name_of(now.type)) + " x " + std::to_string(now.count));
+        }
+        e.parameter = now;
+      }
+      params.push_back(*e.parameter);
     }
     if (params.empty()) return;
     comm_.broadcast(params, root).wait();
@@ -392,9 +466,11 @@ class Bucketer {
  private:
   struct entry {
     std::optional<tensor_view> parameter;
-    tensor_view gradient;
+    tensor_view gradient;    // as last read: the copy path follows a gradient that moved
     std::size_t bucket = 0;
     std::size_t offset = 0;  // elements into the bucket
+    detail::tensor_source param_source;  // a held handle, re-read by broadcast_parameters
+    detail::tensor_source grad_source;   // the trainer's slot (or a held handle), re-read by mark_ready
   };
   struct bucket {
     detail::aligned_buffer storage;
@@ -412,7 +488,63 @@ class Bucketer {
     ~reset_on_exit() { b->reset_iteration_locked(); }
   };
 
-  std::size_t add_entry(std::optional<tensor_view> param, tensor_view grad) {
+  // A registered argument of type T&& can be kept without dangling: an lvalue (referred to), a
+  // handle (copied) or a view.
+  template <class T>
+  static constexpr bool kept_safely = std::is_lvalue_reference_v<T> || is_tensor_handle_v<T> ||
+                                      std::same_as<std::remove_cvref_t<T>, tensor_view>;
+
+  // How gradient `g` (passed as G&&) is re-read: see add(G&&).
+  template <class G>
+  static detail::tensor_source gradient_source(G&& g) {
+    using D = std::remove_cvref_t<G>;
+    if constexpr (std::same_as<D, tensor_view>) {
+      return {};
+    } else if constexpr (std::is_lvalue_reference_v<G>) {
+      return detail::tensor_source::referring_to(g);  // the slot: sees a replaced gradient
+    } else {
+      return detail::tensor_source::holding(D(std::forward<G>(g)));
+    }
+  }
+
+  void check_pair(tensor_view parameter, tensor_view gradient) const {
+    if (parameter.count != gradient.count || parameter.type != gradient.type) {
+      throw usage_error(comm_.rank(), "Bucketer::add",
+                        "parameter " + std::to_string(entries_.size()) + " has " + std::to_string(parameter.count) +
+                            " " + std::string(name_of(parameter.type)) + " elements but its gradient has " +
+                            std::to_string(gradient.count) + " " + std::string(name_of(gradient.type)));
+    }
+  }
+
+  // Gradient `i`'s current view from its source; follows it if it moved (copy path).
+  // @throws usage_error if its element count, dtype or device changed
+  void follow_gradient(std::size_t i, entry& e, const char* op) const {
+    const tensor_view now = e.grad_source.read();
+    if (now.data == e.gradient.data && now.count == e.gradient.count && now.type == e.gradient.type &&
+        now.where == e.gradient.where) {
+      return;  // the usual case: nothing moved
+    }
+    if (!same_shape(now, e.gradient)) throw_reshaped(i, e.gradient, now, op);
+    e.gradient.data = now.data;
+  }
+
+  static bool same_shape(const tensor_view& a, const tensor_view& b) noexcept {
+    return a.count == b.count && a.type == b.type && a.where == b.where && (a.count == 0 || a.data != nullptr);
+  }
+
+  [[noreturn]] void throw_reshaped(std::size_t i, const tensor_view& was, const tensor_view& now, const char* op) const {
+    throw usage_error(comm_.rank(), op,
+                      "gradient " + std::to_string(i) + " was registered as " + std::string(name_of(was.type)) + " x " +
+                          std::to_string(was.count) + " on " + was.where.str() + " and is now " +
+                          std::string(name_of(now.type)) + " x " + std::to_string(now.count) + " on " +
+                          now.where.str() + (now.count > 0 && now.data == nullptr ? " without memory" : "") +
+                          ": a gradient may move to new memory (the Bucketer follows it), but its element count, "
+                          "dtype and device must stay; a gradient set to None (zero_grad(set_to_none=true)) must be "
+                          "computed again, or zeroed, before it is marked ready");
+  }
+
+  std::size_t add_entry(std::optional<tensor_view> param, tensor_view grad, detail::tensor_source param_source,
+                        detail::tensor_source grad_source) {
     const std::size_t i = entries_.size();
     if (built_) {
       throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " added after build()");
@@ -431,7 +563,7 @@ class Bucketer {
                           "gradient " + std::to_string(i) + " is the same memory as gradient " + std::to_string(j));
       }
     }
-    entries_.push_back({param, grad, 0, 0});
+    entries_.push_back({param, grad, 0, 0, std::move(param_source), std::move(grad_source)});
     return i;
   }
 
@@ -507,7 +639,9 @@ class Bucketer {
     }
   }
 
-  // One allgather of (gradient count, total elements, fingerprint) per rank.
+  // One allgather of (gradient count, total elements, fingerprint) per rank. Only if the ranks
+  // differ, a second one of every gradient's (count, dtype, bucket) names the first gradient
+  // that differs; every rank sees the same data, so every rank throws the same message.
   void check_layout_across_ranks() {
     std::size_t elems = 0;
     for (const auto& e : entries_) elems += e.gradient.count;
@@ -516,18 +650,61 @@ class Bucketer {
                                    static_cast<std::int64_t>(fingerprint_)};
     std::vector<std::int64_t> all(3 * n);
     comm_.allgather(view(mine), view(all)).wait();
-    std::string diff;
+    bool same = true;
+    std::size_t most = 0;  // gradients on the rank with the most
     for (std::size_t r = 0; r < n; ++r) {
-      if (std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-      diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has " +
-              std::to_string(all[3 * r]) + " gradients / " + std::to_string(all[3 * r + 1]) + " elements";
+      same = same && std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(3 * r));
+      most = std::max(most, static_cast<std::size_t>(std::max<std::int64_t>(all[3 * r], 0)));
     }
-    if (!diff.empty()) {
-      throw usage_error(comm_.rank(), "Bucketer::build",
-                        "gradients or bucket layout differ across ranks: this rank has " +
-                            std::to_string(entries_.size()) + " gradients / " + std::to_string(elems) +
-                            " elements; differing: " + diff);
+    if (same) return;
+
+    std::string totals;
+    for (std::size_t r = 0; r < n; ++r) {
+      totals += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " + std::to_string(all[3 * r]) +
+                " gradients / " + std::to_string(all[3 * r + 1]) + " elements";
     }
+    throw usage_error(comm_.rank(), "Bucketer::build",
+                      "gradients or bucket layout differ across ranks: " + first_difference(most) + " (" + totals +
+                          "). Every rank must register the same gradients, in the same order, with the same policy");
+  }
+
+  // The second exchange of check_layout_across_ranks: per gradient (count, dtype, bucket), padded
+  // to `most` gradients with -1 (no such gradient). Names the first gradient that differs from
+  // rank 0's.
+  [[nodiscard]] std::string first_difference(std::size_t most) {
+    constexpr std::size_t words = 3;
+    const auto n = static_cast<std::size_t>(comm_.size());
+    std::vector<std::int64_t> mine(words * most, -1);
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      mine[words * i] = static_cast<std::int64_t>(entries_[i].gradient.count);
+      mine[words * i + 1] = static_cast<std::int64_t>(entries_[i].gradient.type);
+      mine[words * i + 2] = static_cast<std::int64_t>(entries_[i].bucket);
+    }
+    std::vector<std::int64_t> all(words * most * n);
+    if (most > 0) comm_.allgather(view(mine), view(all)).wait();
+    const auto at = [&](std::size_t r, std::size_t i, std::size_t k) { return all[(r * most + i) * words + k]; };
+    const auto describe = [&](std::size_t r, std::size_t i) {
+      if (at(r, i, 0) < 0) return std::string("none (it registered fewer)");
+      return std::string(name_of(static_cast<dtype>(at(r, i, 1)))) + " x " + std::to_string(at(r, i, 0));
+    };
+    for (std::size_t i = 0; i < most; ++i) {  // the gradients first: a different one moves the buckets too
+      for (std::size_t r = 1; r < n; ++r) {
+        if (at(r, i, 0) != at(0, i, 0) || at(r, i, 1) != at(0, i, 1)) {
+          return "gradient " + std::to_string(i) + " is the first that differs: rank 0 has " + describe(0, i) +
+                 ", rank " + std::to_string(r) + " has " + describe(r, i);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < most; ++i) {
+      for (std::size_t r = 1; r < n; ++r) {
+        if (at(r, i, 2) != at(0, i, 2)) {
+          return "the gradients agree, but gradient " + std::to_string(i) + " is in bucket " +
+                 std::to_string(at(0, i, 2)) + " on rank 0 and in bucket " + std::to_string(at(r, i, 2)) + " on rank " +
+                 std::to_string(r) + ": the layout policies (or their knobs) differ";
+        }
+      }
+    }
+    return "the gradients and their buckets agree, but the layouts differ (the order of gradients within a bucket?)";
   }
 
   void note_iteration_start() {
@@ -718,13 +895,38 @@ class Bucketer {
   }
 
   // After the used-gradient map arrived: copies back all but the globally unused gradients.
-  void copy_back() {
-    if (opts_.zero_copy) return;
+  // After the used-gradient map arrived: copies back all but the globally unused gradients. A
+  // gradient unused on this rank was not re-read by mark_ready: re-read it here, so that the
+  // average lands where the gradient is now. Returns the gradients used elsewhere that lost
+  // their memory here (set to None and not computed): they cannot receive the average.
+  [[nodiscard]] std::vector<std::size_t> copy_back() {
+    std::vector<std::size_t> lost;
+    if (opts_.zero_copy) return lost;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const entry& e = entries_[i];
+      entry& e = entries_[i];
       if (opts_.find_unused_parameters && used_[i] == 0) continue;  // unused everywhere: leave it alone
+      if (!marked_[i].load() && e.grad_source.rereads()) {
+        const tensor_view now = e.grad_source.read();
+        if (!same_shape(now, e.gradient)) {
+          lost.push_back(i);
+          continue;
+        }
+        e.gradient.data = now.data;
+      }
       if (e.gradient.count) std::memcpy(e.gradient.data, slot(e).data, e.gradient.bytes());
     }
+    return lost;
+  }
+
+  [[noreturn]] void throw_lost(const std::vector<std::size_t>& lost) const {
+    std::string list;
+    for (std::size_t k = 0; k < lost.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(lost[k]);
+    if (lost.size() > 10) list += ", ...";
+    throw usage_error(comm_.rank(), "Bucketer::finalize",
+                      "gradients " + list +
+                          " were not computed on this rank and no longer have their registered element count, dtype "
+                          "and memory (set to None?), but other ranks used them, so this rank cannot receive their "
+                          "average; zero such gradients instead of setting them to None");
   }
 
   // Every rank broadcasts rank 0's observed ready order (completed with the registration order

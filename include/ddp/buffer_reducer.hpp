@@ -132,6 +132,7 @@ struct buffer_entry {
   void* object = nullptr;                   ///< the trainer object `refresh` reads
   std::size_t strategy = 0;                 ///< index in the table of distinct strategies
   bool owned = false;                       ///< lives in the reducer's storage
+  std::shared_ptr<void> held;               ///< the reducer's own copy of a handle (`object` points at it)
 };
 
 /// The views one group's strategy works on, and the trainer's views its copy path packs from and
@@ -171,11 +172,12 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
   [[nodiscard]] bool will_communicate() const noexcept { return calls_ % options_.period == 0; }
 
   /// Registers a trainer-owned buffer.
-  std::size_t add(tensor_view v, tensor_view (*refresh)(void*), void* object, strategies::any strategy) {
+  std::size_t add(tensor_view v, tensor_view (*refresh)(void*), void* object, strategies::any strategy,
+                  std::shared_ptr<void> held = {}) {
     const std::size_t index = entries_.size();
     check_addable("BufferReducer::add", index);
     check_no_overlap(v, index);
-    entries_.push_back({v, refresh, object, intern(std::move(strategy)), false});
+    entries_.push_back({v, refresh, object, intern(std::move(strategy)), false, std::move(held)});
     if (v.count > 0) by_address_.emplace(v.byte_data(), index);
     ++stats_.buffers;
     return index;
@@ -185,7 +187,8 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
   std::size_t emplace(dtype t, std::size_t count, strategies::any strategy) {
     const std::size_t index = entries_.size();
     check_addable("BufferReducer::emplace", index);
-    entries_.push_back({tensor_view{nullptr, count, t, device::host()}, nullptr, nullptr, intern(std::move(strategy)), true});
+    entries_.push_back(
+        {tensor_view{nullptr, count, t, device::host()}, nullptr, nullptr, intern(std::move(strategy)), true, {}});
     ++stats_.buffers;
     return index;
   }
@@ -635,9 +638,17 @@ class BufferReducer {
   }
 
   /// Registers a buffer the trainer owns, with `strategy`: a `buffer_strategy`, or a callable
-  /// taken as `strategies::custom`. The reducer keeps a reference to `buffer` and re-reads its
-  /// data pointer at each sync (a std::vector may reallocate), but its size, dtype and device must
-  /// stay as they were.
+  /// taken as `strategies::custom`. What the reducer keeps depends on the buffer's type:
+  /// - a handle (`ddp::is_tensor_handle_v`: `at::Tensor`-like types, `std::span`), lvalue or
+  ///   temporary, const too if its traits take `const T&`: a copy, which shares the trainer's
+  ///   storage, so `for (auto& kv : module->named_buffers()) buffers.add(kv.value())` is safe
+  ///   after the temporary dictionary is gone;
+  /// - any other tensor, as an lvalue: a reference, re-read at each sync (a std::vector may
+  ///   reallocate); the object must outlive the reducer;
+  /// - a `tensor_view`: the view;
+  /// - a temporary of another type, or a const buffer whose traits need a mutable one: does not
+  ///   compile.
+  /// The size, dtype and device must stay as they were at registration.
   /// @throws usage_error after build(), or if the buffer's memory overlaps a registered buffer's
   ///         (same data pointer: registered twice)
   template <class T, class S>
@@ -647,23 +658,31 @@ class BufferReducer {
     if constexpr (!is_view && !tensor<D>) {
       static_assert(detail::always_false<T>,
                     "BufferReducer::add: the buffer must be a ddp::tensor (a contiguous range of a ddp element type, "
-                    "or a type with a ddp::tensor_traits specialisation) or a ddp::tensor_view");
+                    "or a type with a ddp::tensor_traits<T> specialisation: see docs/tensors.md) or a ddp::tensor_view");
       return 0;
-    } else if constexpr (!is_view && std::is_const_v<std::remove_reference_t<T>>) {
-      static_assert(detail::always_false<T>, "BufferReducer::add: the buffer must be mutable (the reducer writes it)");
+    } else if constexpr (!is_view && !tensor<std::remove_reference_t<T>>) {
+      static_assert(detail::always_false<T>,
+                    "BufferReducer::add: the buffer must be mutable (the reducer writes it): a const T is not a "
+                    "ddp::tensor unless ddp::tensor_traits<T>::data takes a const T& (a handle such as at::Tensor, "
+                    "whose constness does not protect its data: see docs/tensors.md)");
       return 0;
-    } else if constexpr (!is_view && !std::is_lvalue_reference_v<T> && !std::ranges::borrowed_range<D>) {
+    } else if constexpr (is_view) {
+      return state_->add(buffer, nullptr, nullptr, to_strategy(std::forward<S>(strategy)));
+    } else if constexpr (is_tensor_handle_v<D>) {
+      // A handle's copy shares the trainer's storage: hold it, never a reference that may dangle.
+      auto held = std::make_shared<D>(std::forward<T>(buffer));
+      const tensor_view v = ddp::view(*held);
+      void* object = held.get();
+      return state_->add(v, &detail::reread_view<D>, object, to_strategy(std::forward<S>(strategy)), std::move(held));
+    } else if constexpr (!std::is_lvalue_reference_v<T>) {
       static_assert(detail::always_false<T>,
                     "BufferReducer::add: pass the buffer as an lvalue: the reducer keeps a reference to it and a "
-                    "temporary container would dangle (views such as std::span may be temporaries)");
+                    "temporary container would dangle (handle types, ddp::is_tensor_handle_v, such as std::span, "
+                    "may be temporaries: the reducer holds a copy)");
       return 0;
-    } else if constexpr (is_view || !std::is_lvalue_reference_v<T>) {
-      // A view, or a temporary view (borrowed range): its memory is fixed, nothing to re-read.
-      D copy = buffer;
-      return state_->add(ddp::view(copy), nullptr, nullptr, to_strategy(std::forward<S>(strategy)));
     } else {
-      return state_->add(ddp::view(buffer), &reread<D>, static_cast<void*>(std::addressof(buffer)),
-                         to_strategy(std::forward<S>(strategy)));
+      return state_->add(ddp::view(buffer), &detail::reread_view<std::remove_reference_t<T>>,
+                         const_cast<D*>(std::addressof(buffer)), to_strategy(std::forward<S>(strategy)));
     }
   }
 
@@ -755,11 +774,6 @@ class BufferReducer {
   [[nodiscard]] std::vector<buffer_group_info> groups() const { return state_->groups(); }
 
  private:
-  template <class D>
-  static tensor_view reread(void* object) {
-    return ddp::view(*static_cast<D*>(object));
-  }
-
   template <class S>
   static strategies::any to_strategy(S&& s) {
     using D = std::remove_cvref_t<S>;

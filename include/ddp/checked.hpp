@@ -6,7 +6,10 @@
 /// operation, reduce op, root, dtypes and element counts) with one small allgather on the wrapped
 /// communicator, then issue the real collective only if all fingerprints agree. On a mismatch,
 /// every rank throws a `mismatch_error` listing what each rank was calling; a rank whose peers
-/// never arrive gets a `timeout_error` naming its own pending call. This is the "one fingerprint
+/// never arrive gets a `timeout_error` naming its own pending call. Errors of the exchange itself
+/// (a peer died, the wrapped communicator was aborted) name it as "ddp checked-mode fingerprint
+/// exchange before <the caller's collective>", never as the internal allgather's own number,
+/// which the caller did not issue. This is the "one fingerprint
 /// exchange per collective" debug mode (PyTorch's DETAIL mode spends a barrier plus an allgather
 /// on a second process group). It blocks per collective, so leave it off for speed.
 ///
@@ -114,6 +117,24 @@ class checked_communicator {
     return s;
   }
 
+  /// "ddp checked-mode fingerprint exchange before allreduce #20 (sum, f32 x 1024)": the
+  /// operation of an error in the exchange itself (`f`: this rank's fingerprint).
+  static std::string exchange_name(const std::int64_t* f) {
+    return "ddp checked-mode fingerprint exchange before " + describe(f);
+  }
+
+  /// The message of a wrapped communicator's error without its "ddp: rank R, allgather #N: "
+  /// prefix, which names an operation the caller never issued.
+  static std::string reason(const error& e) {
+    const std::string what = e.what();
+    if (!e.operation().empty()) {
+      const std::string marker = e.operation() + ": ";
+      const auto at = what.find(marker);
+      if (at != std::string::npos) return what.substr(at + marker.size());
+    }
+    return what;
+  }
+
   void verify(kind k, std::span<const tensor_view> ts, reduce_op op, int root) {
     std::vector<std::int64_t> mine(words, 0);
     mine[0] = static_cast<std::int64_t>(seq_++);
@@ -131,16 +152,22 @@ class checked_communicator {
 
     const auto n = static_cast<std::size_t>(size());
     std::vector<std::int64_t> all(words * n);
-    work w = inner_.allgather(view(mine), view(all));
+    // The exchange is an allgather on the wrapped communicator that the caller never issued: its
+    // failures name it as ddp's own check of the caller's collective, not as "allgather #N".
     try {
+      work w = inner_.allgather(view(mine), view(all));
       w.wait_for(opts_.timeout);
     } catch (const timeout_error&) {
-      throw timeout_error(rank(), "checked " + describe(mine.data()),
+      throw timeout_error(rank(), exchange_name(mine.data()),
                           "peers did not reach a collective within " + std::to_string(opts_.timeout.count()) +
                               " ms: a rank stopped early (uneven inputs without join?), is slow, or is dead");
-    } catch (const communication_error& e) {  // e.g. a peer that timed out first withdrew
-      throw communication_error(rank(), "checked " + describe(mine.data()),
-                                std::string("peers did not reach this collective: ") + e.what());
+    } catch (const mismatch_error& e) {  // the wrapped backend compares calls itself (local)
+      throw mismatch_error(rank(), exchange_name(mine.data()), reason(e));
+    } catch (const communication_error& e) {  // e.g. a peer that timed out first withdrew, or died
+      throw communication_error(rank(), exchange_name(mine.data()),
+                                "peers did not reach this collective: " + reason(e));
+    } catch (const usage_error& e) {  // e.g. the wrapped communicator was aborted
+      throw usage_error(rank(), exchange_name(mine.data()), reason(e));
     }
     bool same = true;
     for (std::size_t r = 0; r < n && same; ++r) {

@@ -3,6 +3,7 @@
 // Like collective_suite.hpp they throw `suite::suite_failure` rather than use Catch assertions,
 // because the local backend runs them on several threads at once.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <ddp/bucketer.hpp>
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/join.hpp>
 #include <ddp/strategies/allreduce.hpp>
@@ -21,6 +23,7 @@
 #include <ddp/strategies/none.hpp>
 
 #include "../common/collective_suite.hpp"
+#include "../common/fake_handle.hpp"
 
 namespace br_suite {
 
@@ -634,10 +637,15 @@ inline void join_every_strategy(ddp::communicator_ref comm) {
         int root;
         buffer b;
         std::size_t id;
+        int divisor;  // of a mean
       };
       std::vector<item> items;
-      auto add = [&](auto strategy, ddp::reduce_op op, bool reduce, int root, ddp::dtype t, std::size_t n) {
-        items.push_back({op, reduce, root, buffer(t, n), 0});
+      // A mean divides by the ranks still training unless its strategy says otherwise, whatever
+      // the round's options say (issue #13 (8)); other reductions ignore the divisor.
+      const int training_count = static_cast<int>(training.size());
+      auto add = [&](auto strategy, ddp::reduce_op op, bool reduce, int root, ddp::dtype t, std::size_t n,
+                     int divisor = 0) {
+        items.push_back({op, reduce, root, buffer(t, n), 0, divisor == 0 ? training_count : divisor});
         item& it = items.back();
         it.id = emplaced ? buffers.emplace(t, n, strategy) : buffers.add(it.b.view(), strategy);
       };
@@ -654,6 +662,12 @@ inline void join_every_strategy(ddp::communicator_ref comm) {
       add(st::broadcast{.root = 0}, ddp::reduce_op::sum, false, 0, ddp::dtype::f32, 3);
       add(st::broadcast{.root = 0}, ddp::reduce_op::sum, false, 0, ddp::dtype::f32, 5);
       add(st::allreduce_max{}, ddp::reduce_op::max, true, -1, ddp::dtype::i32, 4);
+      add(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}, ddp::reduce_op::avg, true, -1,
+          ddp::dtype::f64, 6, size);
+      add(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}, ddp::reduce_op::avg, true, -1,
+          ddp::dtype::f32, 5, round.divisor());
+      add(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}, ddp::reduce_op::avg, true, -1,
+          ddp::dtype::bf16, 3, round.divisor());
       buffers.build();
       for (auto& it : items) fill(buffers.view(it.id), rank);
 
@@ -671,7 +685,7 @@ inline void join_every_strategy(ddp::communicator_ref comm) {
       for (auto& it : items) {
         const ddp::tensor_view v = buffers.view(it.id);
         for (std::size_t i = 0; i < v.count; ++i) {
-          const double want = it.reduce ? expected_over(it.op, v.type, training, i, round.divisor()) : value(it.root, i);
+          const double want = it.reduce ? expected_over(it.op, v.type, training, i, it.divisor) : value(it.root, i);
           expect_close(get(v, i), want, v.type,
                        where + ", buffer #" + std::to_string(it.id) + " (" + std::string(ddp::name_of(v.type)) +
                            ") i=" + std::to_string(i));
@@ -727,6 +741,50 @@ inline void join_with_period(ddp::communicator_ref comm) {
 }
 
 // ---- with the real JoinContext ------------------------------------------------------------------------
+
+/// Issue #13 (8): BatchNorm running statistics under join, with the JoinContext's default
+/// options (the gradients' mean divides by the initial world size). Every rank sees data with
+/// the same statistics, so the running mean must stay at 10 and the running variance at 4 on
+/// every rank while ranks join (rank r has 2 + r batches); dividing the buffers by the world size
+/// made them shrink with every joined rank. The gradients, in the same context, still divide by
+/// the world size: the two settings are independent.
+inline void join_batchnorm_statistics(ddp::communicator_ref comm) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  std::vector<float> running_mean(8, 10.0f), running_var(8, 4.0f);
+  std::vector<float> grad(20);
+  ddp::BufferReducer buffers(comm, ddp::strategies::allreduce_mean{});
+  buffers.add(running_mean);
+  buffers.add(running_var);
+  ddp::Bucketer grads(comm);
+  grads.add(grad);
+  // Joinables in the order of their collectives in the loop below; default options:
+  // divide_by_initial_world_size = true.
+  ddp::JoinContext join({}, buffers, grads);
+  const float momentum = 0.1f;
+  const int batches = 2 + rank;
+  for (int b = 0; b < batches; ++b) {
+    const ddp::join_round& round = join.notify();
+    buffers.sync();
+    const std::string where = "step " + std::to_string(b) + ", " + std::to_string(round.training) + " of " +
+                              std::to_string(size) + " ranks training";
+    SUITE_EXPECT(running_mean[3] == 10.0f && running_var[5] == 4.0f,
+                 where << ": running mean " << running_mean[3] << ", variance " << running_var[5]
+                       << " (want 10 and 4: a mean over the ranks still training)");
+    // forward: this batch's statistics are those of every other batch
+    for (float& m : running_mean) m = (1 - momentum) * m + momentum * 10.0f;
+    for (float& v : running_var) v = (1 - momentum) * v + momentum * 4.0f;
+    std::fill(grad.begin(), grad.end(), 1.0f);
+    grads.mark_ready(0);
+    grads.finalize();
+    const float want = static_cast<float>(round.training) / static_cast<float>(size);
+    SUITE_EXPECT(std::abs(grad[0] - want) < 1e-6f, where << ": gradient " << grad[0] << ", want " << want
+                                                         << " (gradients divide by the world size)");
+  }
+  join.finish();
+  SUITE_EXPECT(running_mean[0] == 10.0f && running_var[0] == 4.0f,
+               "after finish: running mean " << running_mean[0] << ", variance " << running_var[0]);
+}
 
 /// Uneven inputs: rank r has 3 + r batches (rank 0 runs out first, the last rank trains longest).
 /// Each iteration: notify(), sync(), check on the training ranks; then finish() on every rank.
@@ -794,6 +852,90 @@ inline void join_context_uneven(ddp::communicator_ref comm, std::uint64_t period
                "syncs on rank " << rank << ": " << buffers.stats());
 }
 
+// ---- handles are held by value (issue #13, defect 7) ---------------------------------------------------
+
+/// A module whose buffers are handles (BatchNorm's running statistics, as at::Tensor).
+struct handle_module {
+  std::vector<fake::handle> running;
+  explicit handle_module(std::size_t count) {
+    for (std::size_t k = 0; k < count; ++k) running.emplace_back(5 + k);
+  }
+  /// Like torch's `named_buffers()`: a new container of handle copies, returned by value.
+  [[nodiscard]] std::vector<fake::handle> buffers() const { return running; }
+};
+
+/// Fills every running buffer of `m` with value(rank, i) + k.
+inline void fill(handle_module& m, int rank) {
+  for (std::size_t k = 0; k < m.running.size(); ++k) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
+      m.running[k][i] = static_cast<float>(value(rank, i) + static_cast<double>(k));
+    }
+  }
+}
+
+/// Checks that every running buffer of `m` holds the sum over ranks.
+inline void expect_summed(const handle_module& m, int size, const std::string& where) {
+  const auto everyone = all_ranks(size);
+  for (std::size_t k = 0; k < m.running.size(); ++k) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
+      const double want = expected_over(ddp::reduce_op::sum, ddp::dtype::f32, everyone, i, size) +
+                          static_cast<double>(k) * size;
+      expect_close(m.running[k][i], want, ddp::dtype::f32, where + ", buffer " + std::to_string(k));
+    }
+  }
+}
+
+/// `for (auto& b : module.buffers()) reducer.add(b)` registers elements of a temporary container
+/// that is gone after the loop: a reducer that kept references read freed memory (a
+/// heap-use-after-free under ASan). Handles must be held by value, and so are temporary and const
+/// handles (what `p.grad()`-style accessors return).
+inline void handles_by_value(ddp::communicator_ref comm) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  {  // The libtorch trainer's loop, as written.
+    handle_module module(3);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    for (auto& b : module.buffers()) buffers.add(b);
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "handles from a temporary container");
+    fill(module, rank);
+    buffers.sync();  // and again: the held copies stay valid
+    expect_summed(module, size, "handles from a temporary container, second sync");
+  }
+  {  // The same, with the temporary's handles reset before it dies, so that a reducer that kept
+     // references sees undefined handles (deterministically, without relying on freed memory).
+    handle_module module(2);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    {
+      auto listed = module.buffers();
+      for (auto& b : listed) buffers.add(b);
+      for (auto& b : listed) b = fake::handle();
+    }
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "handles of a container reset and destroyed");
+  }
+  {  // A temporary handle and a const one, next to a trainer container.
+    handle_module module(2);
+    const fake::handle& read_only = module.running[1];
+    std::vector<float> counts(3, 1.0f);
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
+    buffers.add(fake::handle(module.running[0]));
+    buffers.add(read_only);
+    buffers.add(counts);
+    fill(module, rank);
+    buffers.sync();
+    expect_summed(module, size, "temporary and const handles");
+    SUITE_EXPECT(counts[2] == static_cast<float>(size), "container next to handles: " << counts[2]);
+    // A handle of registered storage is still "registered twice".
+    ddp::BufferReducer<ddp::strategies::allreduce_sum> twice(comm);
+    twice.add(module.running[0]);
+    expect_usage_error([&] { twice.add(fake::handle(module.running[0])); }, {"buffer #1", "same data pointer"},
+                       "a second handle of one storage");
+  }
+}
+
 /// Everything except the layout-mismatch and join cases (which need 2 ranks or more).
 inline void run_all(ddp::communicator_ref comm) {
   seed_003(comm, false);
@@ -806,10 +948,12 @@ inline void run_all(ddp::communicator_ref comm) {
   async_sync(comm);
   custom_strategies(comm);
   local_errors(comm);
+  handles_by_value(comm);
   if (comm.size() >= 2) {
     layout_mismatch(comm);
     join_every_strategy(comm);
     join_with_period(comm);
+    join_batchnorm_statistics(comm);
     join_context_uneven(comm, 1);
     join_context_uneven(comm, 2);
     join_context_uneven(comm, 3);

@@ -145,6 +145,10 @@ TEST_CASE("local: usage errors name the buffer and the rank", "[local][buffer_re
   on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::layout_mismatch(c); });
 }
 
+TEST_CASE("local: issue #13 (7): handle buffers are held by value, never as references", "[local][buffer_reducer]") {
+  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::handles_by_value(c); });
+}
+
 TEST_CASE("local: join hooks mirror every strategy with neutral data", "[local][buffer_reducer][join]") {
   on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_every_strategy(c); });
 }
@@ -175,6 +179,11 @@ TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks ti
       },
       opts);
   CHECK(timeouts == 1);
+}
+
+TEST_CASE("local: issue #13 (8): BatchNorm statistics keep their scale while ranks join",
+          "[local][buffer_reducer][join]") {
+  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_batchnorm_statistics(c); });
 }
 
 TEST_CASE("local: with the JoinContext, uneven inputs, periods 1 to 3", "[local][buffer_reducer][join]") {

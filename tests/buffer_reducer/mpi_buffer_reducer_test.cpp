@@ -57,10 +57,16 @@ TEST_CASE("mpi: usage errors name the buffer and the rank", "[mpi][buffer_reduce
   REQUIRE_NOTHROW(br_suite::layout_mismatch(comm));
 }
 
+TEST_CASE("mpi: issue #13 (7): handle buffers are held by value, never as references", "[mpi][buffer_reducer]") {
+  auto comm = ddp::mpi::communicator::world();
+  REQUIRE_NOTHROW(br_suite::handles_by_value(comm));
+}
+
 TEST_CASE("mpi: join hooks, by hand-made rounds and with the JoinContext", "[mpi][buffer_reducer][join]") {
   auto comm = ddp::mpi::communicator::world();
   REQUIRE_NOTHROW(br_suite::join_every_strategy(comm));
   REQUIRE_NOTHROW(br_suite::join_with_period(comm));
+  REQUIRE_NOTHROW(br_suite::join_batchnorm_statistics(comm));
   for (std::uint64_t period : {1u, 2u, 3u}) {
     INFO("period " << period);
     REQUIRE_NOTHROW(br_suite::join_context_uneven(comm, period));

@@ -75,6 +75,14 @@ TEST_CASE("strategy knobs are aggregates with names and equality", "[buffer_redu
   CHECK(st::allreduce_max{}.name() == "allreduce(max)");
   CHECK(st::none{}.name() == "none");
   CHECK_FALSE(st::none{}.communicates());
+  // issue #13 (8): a mean's divisor under join is a knob; the default keeps the old name
+  CHECK(st::allreduce_mean{}.divide_by == st::mean_divisor::training_ranks);
+  CHECK(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}.name() == "allreduce(avg, divided by world size)");
+  CHECK(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}.name() ==
+        "allreduce(avg, divided by join options)");
+  CHECK(st::allreduce_mean{} != st::allreduce_mean{.divide_by = st::mean_divisor::world_size});
+  CHECK(st::allreduce_sum{} == st::allreduce_sum{.divide_by = st::mean_divisor::world_size});  // ignored by sums
+  CHECK(st::allreduce_sum{.divide_by = st::mean_divisor::world_size}.name() == "allreduce(sum)");
   std::ostringstream os;
   os << st::broadcast{.root = 3} << " " << st::allreduce_sum{};
   CHECK(os.str() == "broadcast(root=3) allreduce(sum)");

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
@@ -19,6 +20,7 @@
 #include <ddp/hooks/compress.hpp>
 
 #include "../common/collective_suite.hpp"
+#include "../common/fake_handle.hpp"
 #include "../common/toy_autograd.hpp"
 
 namespace bucketer_cases {
@@ -303,6 +305,57 @@ void expect_usage_error(F&& f, const std::string& needle, const std::string& wha
   SUITE_EXPECT(false, what << ": no usage_error thrown");
 }
 
+// Issue #13 (9): a layout mismatch names the first differing gradient (index, count, dtype), the
+// same on every rank. The last rank is the odd one.
+inline void layout_mismatch_names_the_gradient(ddp::communicator_ref comm) {
+  if (comm.size() < 2) return;
+  const int odd = comm.size() - 1;
+  const bool me_odd = comm.rank() == odd;
+  const std::string names_odd = "rank " + std::to_string(odd);
+  std::vector<float> a(10), b(me_odd ? 11 : 10), c(7), extra(3);
+  std::vector<double> d(4);
+  std::vector<float> f(4);
+  {  // count differs
+    ddp::Bucketer x(comm);
+    x.add(a);
+    x.add(b);
+    x.add(c);
+    expect_usage_error([&] { x.build(); }, "gradient 1 is the first that differs: rank 0 has f32 x 10, " + names_odd +
+                                               " has f32 x 11", "count differs");
+  }
+  {  // dtype differs
+    ddp::Bucketer x(comm);
+    x.add(a);
+    x.add(c);
+    if (me_odd) {
+      x.add(d);
+    } else {
+      x.add(f);
+    }
+    expect_usage_error([&] { x.build(); }, "gradient 2 is the first that differs: rank 0 has f32 x 4, " + names_odd +
+                                               " has f64 x 4", "dtype differs");
+  }
+  {  // one gradient more
+    ddp::Bucketer x(comm);
+    x.add(a);
+    if (me_odd) x.add(extra);
+    expect_usage_error([&] { x.build(); },
+                       "gradient 1 is the first that differs: rank 0 has none (it registered fewer), " + names_odd +
+                           " has f32 x 3",
+                       "count of gradients differs");
+  }
+  {  // same gradients, different layout policy knobs
+    std::vector<float> g(4), h(4);
+    ddp::Bucketer x(comm, ddp::bucketing::size_capped{.cap_bytes = me_odd ? 32u : 1024u, .small_bucket_bytes = 16});
+    x.add(a);
+    x.add(c);
+    x.add(f);
+    x.add(g);
+    x.add(h);
+    expect_usage_error([&] { x.build(); }, "the gradients agree, but gradient", "layout differs");
+  }
+}
+
 inline void misuse_errors(ddp::communicator_ref comm) {
   std::vector<float> a(10), c(10);
   {
@@ -329,6 +382,7 @@ inline void misuse_errors(ddp::communicator_ref comm) {
       expect_usage_error([&] { b.build(); }, "differ across ranks", "layout mismatch across ranks");
     }
   }
+  layout_mismatch_names_the_gradient(comm);
   {
     ddp::bucketing::fixed bad;
     bad.explicit_layout.buckets = {{0}, {0}};
@@ -398,6 +452,136 @@ inline void progress_thread_averages(ddp::communicator_ref comm) {
   }
 }
 
+// Issue #13 (6): gradients that move. A framework that sets gradients to None each step
+// (libtorch 2.x's zero_grad(set_to_none=true)) gives every gradient new memory in each backward
+// pass. Registered as lvalues (their slots), the copy path follows them: the new gradient is
+// averaged and written back, the old memory is left alone. Parameters are handles copied out of
+// a temporary list (issue #13 (7)): the Bucketer holds them by value.
+inline double moved_value(int rank, int step, std::size_t k, std::size_t i) {
+  return static_cast<double>((static_cast<std::size_t>(rank) * 5 + static_cast<std::size_t>(step) * 3 + k + i) % 11) +
+         0.25 * rank;
+}
+
+inline void moved_gradients(ddp::communicator_ref comm) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const std::vector<std::size_t> sizes{40, 7, 100};
+  std::vector<fake::handle> params, grads;  // the model's parameters and their .grad slots
+  for (std::size_t s : sizes) {
+    params.emplace_back(s);
+    grads.emplace_back(s);
+  }
+  std::vector<float> plain(30);  // a trainer-owned vector, reassigned each step
+  ddp::Bucketer b(comm, ddp::bucketing::size_capped{.cap_bytes = 256, .small_bucket_bytes = 128});
+  {
+    const std::vector<fake::handle> listed = params;  // like model->parameters(): copies in a temporary
+    for (std::size_t k = 0; k < listed.size(); ++k) b.add(listed[k], std::as_const(grads[k]));  // p.grad(): const&
+  }
+  b.add(plain);
+  b.build();
+  auto want = [&](int step, std::size_t k, std::size_t i) {
+    double sum = 0;
+    for (int r = 0; r < n; ++r) sum += moved_value(r, step, k, i);
+    return sum / n;
+  };
+  std::vector<fake::handle> retired;        // earlier gradients, kept alive: new memory has new addresses
+  std::vector<std::vector<float>> retired_plain;
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      retired.push_back(grads[k]);
+      grads[k] = fake::handle(sizes[k]);  // set_to_none, then the backward pass allocates anew
+      for (std::size_t i = 0; i < sizes[k]; ++i) grads[k][i] = static_cast<float>(moved_value(rank, step, k, i));
+    }
+    retired_plain.push_back(std::move(plain));
+    plain = std::vector<float>(30);
+    for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<float>(moved_value(rank, step, 3, i));
+    std::vector<std::vector<float>> before;  // what the retired memory holds before this step
+    for (auto& h : retired) before.push_back(*h.storage);
+    for (std::size_t i = b.size(); i-- > 0;) b.mark_ready(i);
+    b.finalize();
+    const std::string where = "moved gradients, step " + std::to_string(step);
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      for (std::size_t i = 0; i < sizes[k]; ++i) {
+        SUITE_EXPECT(std::abs(grads[k][i] - want(step, k, i)) < 1e-5,
+                     where << ": new gradient " << k << "[" << i << "] = " << grads[k][i] << ", want "
+                           << want(step, k, i) << " (the replaced gradient was not followed)");
+      }
+    }
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+      SUITE_EXPECT(std::abs(plain[i] - want(step, 3, i)) < 1e-5, where << ": reassigned vector [" << i << "] = "
+                                                                        << plain[i] << ", want " << want(step, 3, i));
+    }
+    for (std::size_t r = 0; r < retired.size(); ++r) {
+      SUITE_EXPECT(*retired[r].storage == before[r], where << ": replaced gradient memory was written");
+    }
+  }
+  // The parameters were copied out of a list that is gone; their handles still reach the model's storage.
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    for (std::size_t i = 0; i < sizes[k]; ++i) params[k][i] = static_cast<float>(rank * 100 + k);
+  }
+  b.broadcast_parameters(n - 1);
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    SUITE_EXPECT(params[k][sizes[k] - 1] == static_cast<float>((n - 1) * 100 + static_cast<int>(k)),
+                 "parameter " << k << " after broadcast: " << params[k][0]);
+  }
+
+  {  // A temporary handle is held by value (it cannot be followed, but it never dangles).
+    fake::handle g(8, static_cast<float>(rank + 1));
+    ddp::Bucketer t(comm);
+    t.add(fake::handle(g));
+    t.mark_ready(0);
+    t.finalize();
+    SUITE_EXPECT(std::abs(g[7] - static_cast<float>(n + 1) / 2.0f) < 1e-6f, "temporary handle: " << g[7]);
+  }
+
+  {  // Under find_unused_parameters, a gradient replaced but not used on rank 0 is re-read at
+     // finalize; one set to None there (no memory) cannot receive the others' average.
+    std::vector<fake::handle> g{fake::handle(10), fake::handle(10)};
+    ddp::Bucketer u(comm, ddp::bucketing::size_capped{}, {.find_unused_parameters = true});
+    u.add(g[0]);
+    u.add(g[1]);
+    std::vector<fake::handle> keep{g[0], g[1]};
+    g[0] = fake::handle(10, static_cast<float>(rank));
+    g[1] = rank == 0 ? fake::handle() : fake::handle(10, static_cast<float>(rank));
+    u.mark_ready(0);
+    if (rank != 0) u.mark_ready(1);
+    bool threw = false;
+    try {
+      u.finalize();
+    } catch (const ddp::usage_error& e) {
+      threw = true;
+      SUITE_EXPECT(rank == 0 && std::string(e.what()).find("gradients 1 ") != std::string::npos,
+                   "unused gradient without memory: " << e.what());
+    }
+    SUITE_EXPECT(threw == (rank == 0 && n > 1), "rank " << rank << " threw " << threw);
+    SUITE_EXPECT(std::abs(g[0][3] - static_cast<float>(n - 1) / 2.0f) < 1e-6f, "moved, used: " << g[0][3]);
+    SUITE_EXPECT((*keep[0].storage)[3] == 0.0f, "old memory of a moved gradient written");
+  }
+
+  {  // A gradient whose element count changed is an error naming it, on every rank, before any launch.
+    std::vector<float> a(16), c(16);
+    ddp::Bucketer e(comm, ddp::bucketing::size_capped{.cap_bytes = 64, .small_bucket_bytes = 64});
+    e.add(a);
+    e.add(c);
+    e.build();
+    c.resize(12);
+    expect_usage_error([&] { e.mark_ready(1); }, "gradient 1 was registered as f32 x 16 on host and is now f32 x 12",
+                          "resized gradient");
+  }
+
+  {  // Zero-copy: gradient i is gradient_view(i); the registered vector only gave the shape.
+    std::vector<float> shape(6);
+    ddp::Bucketer z(comm, ddp::bucketing::size_capped{}, {.zero_copy = true});
+    z.add(shape);
+    z.build();
+    shape = std::vector<float>(2);  // not read again: no error
+    for (float& x : z.gradient<float>(0)) x = static_cast<float>(rank);
+    z.mark_ready(0);
+    z.finalize();
+    SUITE_EXPECT(z.gradient<float>(0)[5] == static_cast<float>(n - 1) / 2.0f, "zero-copy average");
+  }
+}
+
 inline void run_all(ddp::communicator_ref comm) {
   average_mixed_dtypes(comm);
   progress_thread_averages(comm);
@@ -407,6 +591,7 @@ inline void run_all(ddp::communicator_ref comm) {
   no_sync_accumulation(comm);
   rebuild_from_ready_order(comm);
   misuse_errors(comm);
+  moved_gradients(comm);
 }
 
 }  // namespace bucketer_cases

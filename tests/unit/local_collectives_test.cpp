@@ -1,7 +1,10 @@
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <string>
 
 #include <catch2/catch.hpp>
+#include <ddp/checked.hpp>
 #include <ddp/local/communicator.hpp>
 
 #include "../common/collective_suite.hpp"
@@ -147,4 +150,34 @@ TEST_CASE("local: abort fails pending work and forbids further use", "[local][fa
       opts);
   CHECK(peer_error == 1);
   CHECK(use_after_abort == 1);
+}
+
+TEST_CASE("issue #13 (9): checked mode names its own fingerprint exchange, not an internal allgather",
+          "[local][fault][checked]") {
+  // Rank 1 dies in its third call on the wrapped communicator: the fingerprint allgather of the
+  // caller's second allreduce (#1). Neither rank may report "allgather #2", which it never issued.
+  ddp::local::options opts;
+  opts.timeout = 5s;
+  opts.faults = {ddp::local::fault::fail_at(1, 2)};
+  std::array<std::string, 2> errors;
+  ddp::local::run(
+      2,
+      [&](ddp::local::communicator& c) {
+        ddp::checked_communicator checked(c);
+        std::vector<float> v(4, 1.0f);
+        try {
+          for (int k = 0; k < 3; ++k) {
+            checked.allreduce(std::span<const ddp::tensor_view>(std::array{ddp::view(v)}), ddp::reduce_op::sum).wait();
+          }
+        } catch (const ddp::communication_error& e) {
+          errors[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      },
+      opts);
+  for (const std::string& e : errors) {
+    INFO(e);
+    CHECK(e.find("ddp checked-mode fingerprint exchange before allreduce #1 (sum, f32 x 4)") != std::string::npos);
+    CHECK(e.find("allgather") == std::string::npos);
+  }
+  CHECK(errors[1].find("injected failure") != std::string::npos);
 }

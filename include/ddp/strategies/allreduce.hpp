@@ -5,18 +5,27 @@
 ///
 /// - `allreduce_sum`: counters (examples seen, positives/negatives, tokens), seed 003.
 /// - `allreduce_mean`: running statistics every rank should agree on (BatchNorm means/variances).
-///   Integer dtypes truncate toward zero, like `reduce_op::avg`.
+///   Integer dtypes truncate toward zero, like `reduce_op::avg`. Under join it divides by the
+///   ranks still training unless told otherwise (`divide_by`).
 /// - `allreduce_min` / `allreduce_max`: bounds, e.g. the largest loss scale all ranks can use.
 ///
 /// Join: a joined rank contributes the operation's identity, so it does not change the result:
 /// zeros for sum and mean, the dtype's largest value (+inf for floating dtypes) for min, its
-/// lowest (-inf) for max, one for prod. A mean divides by the round's `divisor()`: the initial
-/// world size or the number of ranks still training, per `join_hook_options`.
+/// lowest (-inf) for max, one for prod. A mean divides by the number of ranks still training
+/// (`mean_divisor::training_ranks`, the default), so running statistics keep their scale while
+/// ranks join, whatever `join_hook_options::divide_by_initial_world_size` says about gradients;
+/// `allreduce_mean{.divide_by = mean_divisor::join_options}` follows that option instead.
+///
+/// Integer sums (and the sums behind integer means) are not checked for overflow by any backend:
+/// a total that does not fit the dtype is a wrong value, silently. Size counters so that the
+/// total over ranks fits.
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -30,10 +39,50 @@
 
 namespace ddp::strategies {
 
+/// What a mean over ranks (`allreduce_mean`) divides by in a join round, when some ranks ran out
+/// of data and contribute zeros. Outside a `JoinContext` a mean always divides by the
+/// communicator's size.
+enum class mean_divisor : std::uint8_t {
+  /// The ranks still training in the round (default): the mean of the live ranks' values, what
+  /// running statistics such as BatchNorm's means and variances need.
+  training_ranks,
+  /// The communicator's size: joined ranks count as zeros, and the mean shrinks as they join.
+  world_size,
+  /// `join_round::divisor()`: whatever `join_hook_options::divide_by_initial_world_size` says,
+  /// as for the Bucketer's gradients.
+  join_options,
+};
+
+/// "training ranks", "world size", "join options".
+[[nodiscard]] constexpr std::string_view mean_divisor_name(mean_divisor d) noexcept {
+  switch (d) {
+    case mean_divisor::training_ranks: return "training ranks";
+    case mean_divisor::world_size: return "world size";
+    case mean_divisor::join_options: return "join options";
+  }
+  return "?";
+}
+
 /// One allreduce with `Op` per group and sync.
 template <reduce_op Op>
 struct allreduce {
   static constexpr reduce_op op = Op;  ///< the reduction
+  /// For a mean (`Op == reduce_op::avg`) in a join round: what it divides by (ignored by the
+  /// other reductions). Ranks compare it when the reducer is built (it is part of `name()`).
+  mean_divisor divide_by = mean_divisor::training_ranks;
+
+  /// The divisor of a mean of group `g`: the communicator's size outside a join round, else per
+  /// `divide_by`.
+  [[nodiscard]] int mean_divisor_of(const buffer_group& g) const noexcept {
+    const int size = g.comm.size();
+    if (g.round == nullptr) return size;
+    switch (divide_by) {
+      case mean_divisor::training_ranks: return g.round->training > 0 ? g.round->training : size;
+      case mean_divisor::world_size: return size;
+      case mean_divisor::join_options: return g.round->divisor();
+    }
+    return size;
+  }
 
   /// Allreduces the group with `Op`, after filling it with `Op`'s identity on a joined rank. A
   /// mean over fewer ranks than the communicator's size (a join round that divides by the ranks
@@ -42,7 +91,7 @@ struct allreduce {
   [[nodiscard]] work sync(const buffer_group& g) const {
     if (g.joined) fill_identity(g);
     const int size = g.comm.size();
-    const int divisor = (Op == reduce_op::avg && g.round != nullptr) ? g.round->divisor() : size;
+    const int divisor = Op == reduce_op::avg ? mean_divisor_of(g) : size;
     if (Op != reduce_op::avg || divisor == size) return g.comm.allreduce(g.tensors, Op);
 
     // A join round whose mean is over the ranks still training: sum, then divide by their number.
@@ -61,14 +110,23 @@ struct allreduce {
     return w;
   }
 
-  /// "allreduce(sum)", "allreduce(avg)", ...
-  [[nodiscard]] std::string name() const { return "allreduce(" + std::string(name_of(Op)) + ")"; }
+  /// "allreduce(sum)", "allreduce(avg)", ...; a mean with a non-default divisor says so:
+  /// "allreduce(avg, divided by world size)".
+  [[nodiscard]] std::string name() const {
+    std::string s = "allreduce(" + std::string(name_of(Op));
+    if (Op == reduce_op::avg && divide_by != mean_divisor::training_ranks) {
+      s += ", divided by " + std::string(mean_divisor_name(divide_by));
+    }
+    return s + ")";
+  }
 
   /// A joined rank overwrites its values with the identity: nothing to pack.
   [[nodiscard]] bool reads_local_data(const buffer_group& g) const noexcept { return !g.joined; }
 
-  /// Always true: the type fixes everything.
-  friend bool operator==(const allreduce&, const allreduce&) = default;
+  /// Same reduction; for a mean, also the same `divide_by`.
+  friend bool operator==(const allreduce& a, const allreduce& b) noexcept {
+    return Op != reduce_op::avg || a.divide_by == b.divide_by;
+  }
   /// Writes `name()`.
   friend std::ostream& operator<<(std::ostream& os, const allreduce& a) { return os << a.name(); }
 
