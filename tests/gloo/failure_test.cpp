@@ -265,13 +265,16 @@ TEST_CASE("gloo: dropping a pending work handle aborts the communicator", "[gloo
     st::file_store store(dir.path());
     auto ns = st::generation_store(store, "drop", 0);
     ddp::gloo::communicator comm(ns, rank, 2, {.timeout = 10s, .connect_timeout = 10s});
+    // Both sides fully connected first: otherwise rank 0 can abort and exit while rank 1 is still
+    // finishing its side of the connect, and rank 1 fails there instead (3-5 of 30 runs).
+    comm.barrier().wait();
     std::vector<float> v(100, 1.0f);
     if (rank == 0) {
       const auto t0 = std::chrono::steady_clock::now();
       { auto dropped = ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::sum); }
       CHILD_CHECK(std::chrono::steady_clock::now() - t0 < 1s, "dropping the handle took long");
       CHILD_CHECK(comm.aborted(), "not aborted");
-      CHILD_CHECK(comm.failure().find("gave up on allreduce #0") != std::string::npos, comm.failure());
+      CHILD_CHECK(comm.failure().find("gave up on allreduce #1") != std::string::npos, comm.failure());
     } else {
       std::this_thread::sleep_for(500ms);
       try {

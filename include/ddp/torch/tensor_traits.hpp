@@ -113,8 +113,10 @@ inline void check_viewable(const at::Tensor& t) {
 /// `at::Tensor` still refers to mutable storage.
 template <>
 struct tensor_traits<at::Tensor> {
-  /// A handle: copies share storage, so the Bucketer and BufferReducer hold it by value and
-  /// re-read `data_ptr()` (a `.grad()` replaced by `zero_grad(set_to_none=true)` is followed).
+  /// A handle: copies share storage, so the BufferReducer and the Bucketer's parameters hold it
+  /// by value and re-read `data_ptr()`. A gradient registered as its slot
+  /// (`grads.add(p, p.mutable_grad())`) is followed when `zero_grad(set_to_none=true)` replaces it;
+  /// `register_module` registers fixed views and its hooks reject a reallocated `.grad()`.
   static constexpr bool is_handle = true;
   /// `t.data_ptr()` (storage offset included).
   /// @throws usage_error for an undefined, non-strided or non-contiguous tensor, an unsupported
