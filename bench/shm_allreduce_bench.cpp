@@ -16,7 +16,8 @@
 //   flat-mpi      one MPI_Allreduce of all gradient bytes (the target's reference)
 //   bkt-mpi       Bucketer<size_capped> over ddp::mpi::communicator (default hook)
 //   bkt-shm       Bucketer<size_capped> over ddp::shm (default options and hook: copy path)
-//   bkt-shm-avg   the same with zero_copy = true and shm::average_hook (gradients in bucket views)
+//   bkt-shm-avg   the same with zero_copy = true (gradients in bucket views; the default hook
+//                 divides each bucket in place, then sums: ddp/average.hpp)
 //   arena-shm     buckets of the same layout allocated in the shm arena (what the proposed
 //                 Bucketer allocator hook gives): gradients written in place, allreduce(avg)
 //   flat-shm      one shm allreduce of all gradient bytes
@@ -190,7 +191,6 @@ void model(const bench::cli& args, MPI_Comm raw, const std::string& name, const 
   ddp::Bucketer<ddp::bucketing::size_capped> over_mpi(mpi);
   ddp::Bucketer<ddp::bucketing::size_capped> over_shm(shm);
   ddp::Bucketer<ddp::bucketing::size_capped> over_shm_avg(shm, {}, {.zero_copy = true});
-  over_shm_avg.register_comm_hook(ddp::shm::average_hook{});
   for (auto& g : grads) {
     over_mpi.add(g);
     over_shm.add(g);

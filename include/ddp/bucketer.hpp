@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/average.hpp>
 #include <ddp/bucket_layout.hpp>
 #include <ddp/bucketing/size_capped.hpp>
 #include <ddp/comm_hook.hpp>
@@ -276,10 +277,13 @@ class Bucketer {
     // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
     if (!opts_.zero_copy && e.grad_source.rereads()) follow_gradient(i, e, "Bucketer::mark_ready");
     if (!opts_.zero_copy && e.gradient.count > 0) {
-      // With the default hook, averaging is folded into this copy (it runs during the backward
-      // pass, off the critical path); the bucket then only needs a sum.
-      const double factor = prescaled(e.gradient.type) ? 1.0 / divisor_ : 1.0;
-      detail::scaled_copy(e.gradient.type, slot(e).data, e.gradient.data, e.gradient.count, factor);
+      // With the default hook, averaging's division is folded into this copy (it runs during the
+      // backward pass, off the critical path); the bucket then only needs a sum (ddp/average.hpp).
+      if (divides_in_copy()) {
+        average_copy(e.gradient.type, slot(e).data, e.gradient.data, e.gradient.count, divisor_);
+      } else {
+        std::memcpy(slot(e).data, e.gradient.data, e.gradient.bytes());
+      }
     }
     if (pending_[e.bucket].fetch_sub(1) == 1) {
       std::lock_guard lk(mutex_);
@@ -725,8 +729,8 @@ class Bucketer {
     order_token_.collective_issued();  // the JoinContext learns the order of the joinables' collectives
     bucket& bk = buckets_[b];
     grad_bucket gb{b, buckets_.size(), bk.data, comm_, divisor_, shadowing_};
-    if (prescaled(bk.data.type)) {
-      bk.inflight = comm_.allreduce(bk.data, reduce_op::sum);  // already divided during the copy in
+    if (divides_in_copy()) {
+      bk.inflight = allreduce_average(comm_, bk.data, divisor_, average_input::divided, "Bucketer");
     } else {
       bk.inflight = hook_(gb);
     }
@@ -881,8 +885,9 @@ class Bucketer {
     }
   }
 
-  // True if buckets of dtype t are averaged during the copy in (default hook, copy path, floats).
-  [[nodiscard]] bool prescaled(dtype t) const noexcept { return default_hook_ && !opts_.zero_copy && is_floating(t); }
+  // True if the copy into the bucket divides by the divisor (default hook, copy path): the
+  // bucket is then `allreduce_average`d as `average_input::divided`, without the hook.
+  [[nodiscard]] bool divides_in_copy() const noexcept { return default_hook_ && !opts_.zero_copy; }
 
   work launch_used_map(const std::vector<std::size_t>& unmarked) {
     if (!opts_.find_unused_parameters) return work::ready();

@@ -15,6 +15,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/work.hpp>
 #include <ddp/checked.hpp>
+#include <ddp/average.hpp>
 
 #include <ddp/bucket_layout.hpp>
 #include <ddp/bucketing/fixed.hpp>

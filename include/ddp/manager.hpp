@@ -7,7 +7,7 @@
 ///
 /// - **Each step** the trainer calls `start_quorum()`, runs forward/backward with gradient
 ///   collectives going through the Manager (it models `ddp::communicator`; give it to a Bucketer
-///   with a fixed layout and install `gradient_hook()`), then asks `should_commit()` before its
+///   with a fixed layout and install `comm_hook()`), then asks `should_commit()` before its
 ///   optimizer step. Errors of any collective are captured, never thrown mid-backward: the
 ///   Manager aborts its communicator (so every peer fails fast too) and the step is discarded.
 /// - **Fast path.** While nothing changes, a step costs one int64 allreduce (in
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include <ddp/any_communicator.hpp>
+#include <ddp/average.hpp>
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
@@ -281,19 +282,21 @@ class Manager {
   }
 
   /// Comm hook for a Bucketer over this Manager: averages over the participants of the step
-  /// (a healing non-participant contributes zeros). Needed only with
-  /// `healed_replicas_participate = false`: otherwise every member participates, and a Bucketer's
-  /// default averaging (by the communicator's size, i.e. the quorum's, read at the start of each
-  /// iteration) is the same and cheaper (it divides during the copy into the bucket).
-  [[nodiscard]] comm_hook gradient_hook() {
+  /// (a healing non-participant contributes zeros), by ddp's one averaging rule
+  /// (`allreduce_average`). Needed only with `healed_replicas_participate = false`: otherwise
+  /// every member participates, and a Bucketer's default averaging (by the communicator's size,
+  /// i.e. the quorum's, read at the start of each iteration) gives the same bits and is cheaper
+  /// (it divides during the copy into the bucket).
+  [[nodiscard]] ddp::comm_hook comm_hook() {
     return [this](grad_bucket& b) -> work {
       const tensor_view data = b.data;
       if (!participating_ && data.count) std::memset(data.data, 0, data.bytes());
-      const int divisor = std::max(participants_, 1);
-      work w = allreduce(std::span<const tensor_view>(&data, 1), reduce_op::sum);
-      w.then([data, divisor] { detail::divide_in_place(data.type, data.data, data.count, divisor); });
-      return w;
+      return allreduce_average(*this, data, std::max(participants_, 1), average_input::raw, "Manager comm hook");
     };
+  }
+  /// The former name of `comm_hook()`.
+  [[nodiscard, deprecated("use comm_hook(): it returns a Bucketer comm hook")]] ddp::comm_hook gradient_hook() {
+    return comm_hook();
   }
 
   /// Optional: a fingerprint of the gradient layout (e.g. `Bucketer::layout_fingerprint()`) that

@@ -5,7 +5,6 @@
 /// windows, node detection, leaders' communicator). Never includes <mpi.h>.
 
 #include <ddp/shm/arena.hpp>
-#include <ddp/shm/average_hook.hpp>
 #include <ddp/shm/communicator.hpp>
 #include <ddp/shm/kernels.hpp>
 #include <ddp/shm/layout.hpp>

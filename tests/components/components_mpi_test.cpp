@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>
 #include <ddp/mpi.hpp>
+#include <ddp/shm.hpp>
 
+#include "average_cases.hpp"
 #include "bucketer_cases.hpp"
 #include "join_cases.hpp"
 
@@ -24,6 +26,18 @@ TEST_CASE("Bucketer over MPI", "[mpi][bucketer]") {
 
 TEST_CASE("Bucketer over MPI: ten re-creations on fresh communicators (seed 000)", "[mpi][bucketer]") {
   REQUIRE_NOTHROW(bucketer_cases::recreate_ten_times(make_world().rank(), [](int) { return make_world(); }));
+}
+
+TEST_CASE("Averaging over MPI: every caller, the same bits, no f16 overflow", "[mpi][average]") {
+  auto comm = make_world();
+  REQUIRE_NOTHROW(average_cases::run_all(comm, "mpi"));
+  // What the rule avoids: the backend's own avg sums f16 first, and two values near 60000 overflow.
+  if (comm.size() >= 2) CHECK(average_cases::backend_avg_overflows_f16(comm));
+}
+
+TEST_CASE("Averaging over the shared-memory backend on MPI processes", "[mpi][average][shm]") {
+  ddp::shm::communicator<ddp::mpi::communicator> comm(make_world(), {.chunk_bytes = 4096});
+  REQUIRE_NOTHROW(average_cases::run_all(comm, "shm over mpi"));
 }
 
 TEST_CASE("JoinContext over MPI", "[mpi][join]") {

@@ -106,7 +106,7 @@ struct cluster {
     });
     ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
     grads.add(p, g);
-    grads.register_comm_hook(m.gradient_hook());
+    grads.register_comm_hook(m.comm_hook());
     grads.build();
     m.set_layout_fingerprint(grads.layout_fingerprint());
     bool fired = false;
@@ -152,18 +152,18 @@ struct cluster {
 std::vector<double> replay(const std::vector<commit_record>& commits, const std::string& first_rank0) {
   std::vector<double> p = initial_params(first_rank0), mom(dim, 0.0);
   for (const auto& c : commits) {
-    std::vector<double> sum;
-    for (const auto& id : c.participants) {  // rank order, as the local backend reduces
+    // ddp's averaging rule (ddp/average.hpp): each participant's gradient times 1/n, then the
+    // sum in rank order, as the local backend reduces.
+    const double factor = 1.0 / static_cast<double>(c.participants.size());
+    std::vector<double> avg(dim, 0.0);
+    bool first = true;
+    for (const auto& id : c.participants) {
       const auto g = gradient(id, c.step, p);
-      if (sum.empty()) {
-        sum = g;
-      } else {
-        for (std::size_t k = 0; k < dim; ++k) sum[k] += g[k];
-      }
+      for (std::size_t k = 0; k < dim; ++k) avg[k] = first ? g[k] * factor : avg[k] + g[k] * factor;
+      first = false;
     }
     for (std::size_t k = 0; k < dim; ++k) {
-      const double avg = sum[k] / static_cast<double>(c.participants.size());
-      mom[k] = beta * mom[k] + avg;
+      mom[k] = beta * mom[k] + avg[k];
       p[k] -= lr * mom[k];
     }
   }

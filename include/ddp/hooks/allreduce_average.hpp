@@ -1,35 +1,20 @@
 #pragma once
 /// @file hooks/allreduce_average.hpp
-/// @brief The default comm hook: one in-place sum allreduce per bucket, divided on completion.
-///
-/// Divides after the sum (one rounding, the same on every rank), except for f16, which it divides
-/// before the sum: f16 overflows at 65504, so the sum of large gradients could become infinite
-/// (PyTorch's reasoning for fp16 buckets). bf16 has f32's range and keeps the exact order.
+/// @brief The default comm hook: the bucket's average over `divisor` ranks, by ddp's one rule
+/// for averaging (`ddp/average.hpp`: floating point divided before the sum, integers after).
 
+#include <ddp/average.hpp>
 #include <ddp/comm_hook.hpp>
-#include <ddp/detail/host_reduce.hpp>
 
 namespace ddp::hooks {
 
-/// The Bucketer's default `comm_hook` (stateless, copyable).
+/// The Bucketer's default `comm_hook` (stateless, copyable): `allreduce_average` of the bucket.
+/// The Bucketer itself skips the hook on its copy path, where the division is already folded
+/// into the copy into the bucket; the hook runs for zero-copy buckets and for integer buckets.
 struct allreduce_average {
-  /// Averages `b.data` over `b.divisor` ranks in place. When the divisor is the communicator size
-  /// (and the bucket is not f16), this is a single `reduce_op::avg` allreduce; otherwise a sum
-  /// allreduce with the division as a continuation (before the sum, for f16).
+  /// Averages `b.data` over `b.divisor` ranks in place.
   work operator()(grad_bucket& b) const {
-    const tensor_view data = b.data;
-    const int divisor = b.divisor;
-    // Dividing by the communicator size is the backend's own `avg`, which can do better than a
-    // pass over the bucket after the sum (the MPI ring divides each rank's block once, inside
-    // the collective).
-    if (divisor == b.comm.size() && data.type != dtype::f16) return b.comm.allreduce(data, reduce_op::avg);
-    const bool predivide = data.type == dtype::f16;
-    if (predivide) detail::scale_in_place(data.type, data.data, data.count, 1.0 / divisor);
-    work w = b.comm.allreduce(data, reduce_op::sum);
-    if (!predivide) {
-      w.then([data, divisor] { detail::divide_in_place(data.type, data.data, data.count, divisor); });
-    }
-    return w;
+    return ddp::allreduce_average(b.comm, b.data, b.divisor, average_input::raw, "comm hook allreduce_average");
   }
 };
 

@@ -1,12 +1,13 @@
 #pragma once
 /// @file hooks/compress.hpp
-/// @brief Compression hooks: cast the bucket to f16 or bf16 (dividing first, so the sum cannot
-/// overflow), allreduce half the bytes, cast back on completion. PyTorch's fp16/bf16 compress hooks.
+/// @brief Compression hooks: cast the bucket to f16 or bf16 (dividing first, by ddp's averaging
+/// rule, so the sum cannot overflow), allreduce half the bytes, cast back on completion. PyTorch's fp16/bf16 compress hooks.
 
 #include <cstddef>
 #include <memory>
 #include <vector>
 
+#include <ddp/average.hpp>
 #include <ddp/comm_hook.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
@@ -26,18 +27,18 @@ class compress {
                         "bucket " + std::to_string(b.index) + " holds " + std::string(name_of(data.type)) +
                             " gradients; compression hooks need floating-point buckets");
     }
-    if (data.type == Wire) {  // nothing to compress: average in place, dividing first
-      ddp::detail::scale_in_place(data.type, data.data, data.count, 1.0 / b.divisor);
-      return b.comm.allreduce(data, reduce_op::sum);
+    if (data.type == Wire) {  // nothing to compress: the plain average
+      return ddp::allreduce_average(b.comm, data, b.divisor, average_input::raw, "comm hook compress");
     }
     if (scratch_->size() <= b.index) scratch_->resize(b.index + 1);
     auto& buf = (*scratch_)[b.index];
     buf.resize(data.count * 2);
     const tensor_view wire{buf.data(), data.count, Wire, data.where};
-    // Divide in the wide type before narrowing: small values stay representable, the sum cannot overflow.
-    ddp::detail::scale_in_place(data.type, data.data, data.count, 1.0 / b.divisor);
+    // Divide in the wide type before narrowing (ddp's averaging rule, ddp/average.hpp): small
+    // values stay representable and the narrow sum cannot overflow.
+    average_divide_in_place(data.type, data.data, data.count, b.divisor);
     ddp::detail::convert(data.type, data.data, Wire, wire.data, data.count);
-    work w = b.comm.allreduce(wire, reduce_op::sum);
+    work w = ddp::allreduce_average(b.comm, wire, b.divisor, average_input::divided, "comm hook compress");
     w.then([data, wire] { ddp::detail::convert(Wire, wire.data, data.type, data.data, data.count); });
     return w;
   }

@@ -3,9 +3,11 @@
 /// @brief `strategies::allreduce<Op>`: every rank receives the element-wise reduction over ranks,
 /// and its names `allreduce_sum`, `allreduce_mean`, `allreduce_min`, `allreduce_max`.
 ///
-/// - `allreduce_sum`: counters (examples seen, positives/negatives, tokens), seed 003.
+/// - `allreduce_sum`: counters every rank should agree on (examples seen, positives/negatives,
+///   tokens), where a broadcast from rank 0 would drop the other ranks' counts.
 /// - `allreduce_mean`: running statistics every rank should agree on (BatchNorm means/variances).
-///   Integer dtypes truncate toward zero, like `reduce_op::avg`. Under join it divides by the
+///   Averaged by ddp's one rule (`ddp/average.hpp`): floating point divided before the sum (f16
+///   cannot overflow), integers after it, truncating toward zero. Under join it divides by the
 ///   ranks still training unless told otherwise (`divide_by`).
 /// - `allreduce_min` / `allreduce_max`: bounds, e.g. the largest loss scale all ranks can use.
 ///
@@ -30,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/average.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
@@ -84,30 +87,18 @@ struct allreduce {
     return size;
   }
 
-  /// Allreduces the group with `Op`, after filling it with `Op`'s identity on a joined rank. A
-  /// mean over fewer ranks than the communicator's size (a join round that divides by the ranks
-  /// still training) is a sum and a division instead, in host memory only.
-  /// @throws usage_error if that division or a joined rank's identity needs device memory
+  /// Allreduces the group with `Op`, after filling it with `Op`'s identity on a joined rank; a mean
+  /// is `allreduce_average` over `mean_divisor_of(g)` ranks.
+  /// @throws usage_error if a joined rank's identity, or a mean's division, needs device memory
   [[nodiscard]] work sync(const buffer_group& g) const {
     if (g.joined) fill_identity(g);
-    const int size = g.comm.size();
-    const int divisor = Op == reduce_op::avg ? mean_divisor_of(g) : size;
-    if (Op != reduce_op::avg || divisor == size) return g.comm.allreduce(g.tensors, Op);
-
-    // A join round whose mean is over the ranks still training: sum, then divide by their number.
-    // Every rank (joined or not) derives the same divisor from the same round, so all issue the
-    // same sum and end with the same bits.
-    require_host(g, "a mean over the ranks still training");
-    if (is_two_byte_float(g.type())) {
-      // Scale first: the sum of unscaled f16 values overflows long before the mean would.
-      for (const tensor_view& t : g.tensors) ddp::detail::scale_in_place(t.type, t.data, t.count, 1.0 / divisor);
-      return g.comm.allreduce(g.tensors, reduce_op::sum);
+    if constexpr (Op == reduce_op::avg) {
+      // Every rank (joined or not) derives the same divisor from the same round, so all issue the
+      // same collective and end with the same bits.
+      return allreduce_average(g.comm, g.tensors, mean_divisor_of(g), average_input::raw, "BufferReducer::sync");
+    } else {
+      return g.comm.allreduce(g.tensors, Op);
     }
-    work w = g.comm.allreduce(g.tensors, reduce_op::sum);
-    w.then([targets = std::vector<tensor_view>(g.tensors.begin(), g.tensors.end()), divisor] {
-      for (const tensor_view& t : targets) ddp::detail::divide_in_place(t.type, t.data, t.count, divisor);
-    });
-    return w;
   }
 
   /// "allreduce(sum)", "allreduce(avg)", ...; a mean with a non-default divisor says so:
@@ -131,8 +122,6 @@ struct allreduce {
   friend std::ostream& operator<<(std::ostream& os, const allreduce& a) { return os << a.name(); }
 
  private:
-  static bool is_two_byte_float(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
-
   static void require_host(const buffer_group& g, const char* what) {
     for (const tensor_view& t : g.tensors) {
       if (!t.where.is_host()) {

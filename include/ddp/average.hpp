@@ -1,0 +1,133 @@
+#pragma once
+/// @file average.hpp
+/// @brief The one rule by which ddp averages over ranks, and `allreduce_average`, the one function
+/// every component averages with: the Bucketer (its copy path and its default comm hook), the
+/// `allreduce_mean` buffer strategy, the Manager's comm hook and the compression hooks.
+///
+/// The rule, for `n` values averaged over a divisor `d` (the communicator's size, the ranks still
+/// training in a join round, or a Manager step's participants; the caller decides which):
+/// - **Floating point (f64, f32, bf16, f16): every rank multiplies its value by `1/d` first, then
+///   the values are summed.** The factor is `1.0 / d` rounded once to the dtype's compute type
+///   (double for f64, float for the others), and the product is rounded to the dtype.
+///   - f16 cannot overflow in the sum: values near 65504 on every rank stay finite, where a sum
+///     followed by a division (which is what a backend's `reduce_op::avg` does) reaches infinity.
+///   - bf16 follows the same order, so a bf16 result never depends on the path it took.
+///   - The Bucketer folds the multiplication into its copy into the bucket, so averaging costs no
+///     pass of its own (`average_input::divided`).
+///   - It is PyTorch DDP's order (its reducer multiplies by `1/d` while copying into the bucket),
+///     so a ddp step and a PyTorch DDP step give the same bits for the same sums; on NCCL the rule
+///     is `ncclRedOpCreatePreMulSum`.
+/// - **Integers: the sum, then a division truncating toward zero**, as `reduce_op::avg` defines
+///   it. When `d` is the communicator's size that is the backend's own `avg` (the MPI ring then
+///   divides each rank's block once, inside the collective); otherwise a sum and a division.
+///
+/// Every caller therefore gives the same bits for the same input on the same backend and the
+/// same layout (a backend may sum different positions of a buffer in different rank orders, and
+/// floating-point addition is not associative, so a gradient must sit at the same offset).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ddp/communicator.hpp>
+#include <ddp/detail/host_reduce.hpp>
+#include <ddp/dtype.hpp>
+#include <ddp/error.hpp>
+#include <ddp/reduce_op.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+/// What the tensors passed to `allreduce_average` hold.
+enum class average_input : std::uint8_t {
+  /// This rank's values as they are.
+  raw,
+  /// Floating-point tensors already hold `value * (1/d)` (`average_copy` wrote them); integer
+  /// tensors hold their values as they are.
+  divided,
+};
+
+/// True when the rule divides `t` before the sum (every floating dtype), false when it divides
+/// the sum (integers).
+[[nodiscard]] constexpr bool average_divides_first(dtype t) noexcept { return is_floating(t); }
+
+/// `dst[i] = src[i] * (1/divisor)` for floating dtypes, in the rule's arithmetic; a plain copy for
+/// integers (their division comes after the sum). One pass: the Bucketer's copy into a bucket.
+inline void average_copy(dtype t, void* dst, const void* src, std::size_t n, int divisor) noexcept {
+  detail::scaled_copy(t, dst, src, n, average_divides_first(t) ? 1.0 / divisor : 1.0);
+}
+
+/// `data[i] *= 1/divisor` for floating dtypes, in the rule's arithmetic (the same bits as
+/// `average_copy`); integers are left alone.
+inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divisor) noexcept {
+  if (average_divides_first(t)) detail::scale_in_place(t, data, n, 1.0 / divisor);
+}
+
+/// Launches the average over ranks of `tensors`, in place, by the rule above: on completion every
+/// rank holds the same bits. `caller` names the operation in errors ("Bucketer", "BufferReducer::
+/// sync", ...). The values are divided in place before the collective is issued, so a failed
+/// average leaves floating-point tensors divided.
+/// @throws usage_error if `divisor` < 1, or if a tensor that must be divided on the host (raw
+///         floating-point values) is in device memory
+[[nodiscard]] inline work allreduce_average(communicator_ref comm, std::span<const tensor_view> tensors, int divisor,
+                                            average_input input = average_input::raw,
+                                            std::string_view caller = "allreduce_average") {
+  if (divisor < 1) {
+    throw usage_error(comm.rank(), std::string(caller),
+                      "an average over " + std::to_string(divisor) + " ranks: the divisor must be at least 1");
+  }
+  bool any_integer = false;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const tensor_view& t = tensors[i];
+    if (!average_divides_first(t.type)) {
+      any_integer = true;
+      continue;
+    }
+    if (input == average_input::divided || divisor == 1 || t.count == 0) continue;
+    if (!t.where.is_host()) {
+      throw usage_error(comm.rank(), std::string(caller),
+                        "tensor " + std::to_string(i) + " (" + std::to_string(t.count) + " x " +
+                            std::string(name_of(t.type)) + ") is on " + t.where.str() +
+                            ": averaging divides before the sum, which needs host memory");
+    }
+    average_divide_in_place(t.type, t.data, t.count, divisor);
+  }
+  if (!any_integer || divisor == 1) return comm.allreduce(tensors, reduce_op::sum);
+
+  bool all_integer = true;
+  for (const tensor_view& t : tensors) all_integer = all_integer && !average_divides_first(t.type);
+  // Integers over every rank: the backend's own avg (sum, then divide toward zero) is the rule.
+  if (all_integer && divisor == comm.size()) return comm.allreduce(tensors, reduce_op::avg);
+
+  std::vector<tensor_view> integers;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const tensor_view& t = tensors[i];
+    if (average_divides_first(t.type)) continue;
+    if (!t.where.is_host()) {
+      throw usage_error(comm.rank(), std::string(caller),
+                        "tensor " + std::to_string(i) + " (" + std::to_string(t.count) + " x " +
+                            std::string(name_of(t.type)) + ") is on " + t.where.str() + ": an integer average over " +
+                            std::to_string(divisor) + " of " + std::to_string(comm.size()) +
+                            " ranks divides the sum on the host");
+    }
+    integers.push_back(t);
+  }
+  work w = comm.allreduce(tensors, reduce_op::sum);
+  w.then([integers = std::move(integers), divisor] {
+    for (const tensor_view& t : integers) detail::divide_in_place(t.type, t.data, t.count, divisor);
+  });
+  return w;
+}
+
+/// `allreduce_average` of one tensor.
+[[nodiscard]] inline work allreduce_average(communicator_ref comm, const tensor_view& tensor, int divisor,
+                                            average_input input = average_input::raw,
+                                            std::string_view caller = "allreduce_average") {
+  return allreduce_average(comm, std::span<const tensor_view>(&tensor, 1), divisor, input, caller);
+}
+
+}  // namespace ddp
