@@ -50,6 +50,7 @@
 
 #include <ddp/communicator.hpp>
 #include <ddp/detail/flat_layout.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/joinable.hpp>
@@ -146,13 +147,6 @@ struct group_views {
   bool refreshes = false;            ///< some member's view is re-read each sync
   bool flat = false;                 ///< `tensors` is the flat storage
 };
-
-/// 64-bit FNV-1a: a hash every rank computes the same way (std::hash makes no such promise).
-inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 14695981039346656037ull) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 /// Everything a reducer owns, shared with its join hooks and with the continuations of in-flight
 /// syncs, so that storage a pending collective writes outlives the reducer object.
@@ -413,12 +407,12 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
       const std::string name = strategies_[e.strategy].name();
       const fingerprint f{static_cast<std::int64_t>(e.registered.count), static_cast<std::int64_t>(e.registered.type),
                           e.registered.where.is_host() ? 0 : 1, static_cast<std::int64_t>(layout.group_of(i)),
-                          static_cast<std::int64_t>(fnv1a(name.data(), name.size()))};
+                          static_cast<std::int64_t>(fnv1a(name))};
       fps.insert(fps.end(), {f.count, f.type, f.device_kind, f.group, f.strategy});
     }
     const std::vector<std::int64_t> summary{static_cast<std::int64_t>(entries_.size()),
                                             static_cast<std::int64_t>(options_.period),
-                                            static_cast<std::int64_t>(fnv1a(fps.data(), fps.size() * 8))};
+                                            static_cast<std::int64_t>(fnv1a(std::as_bytes(std::span(fps))))};
     const std::vector<std::int64_t> all = allgather(summary);
     const auto at = [&](std::size_t r, std::size_t k) { return all[r * summary.size() + k]; };
     bool same = true;

@@ -48,6 +48,7 @@
 #include <ddp/any_communicator.hpp>
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
@@ -572,15 +573,10 @@ class Manager {
   }
 
   [[nodiscard]] std::uint64_t state_hash() const {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&h](const std::byte* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint64_t>(p[i])) * 0x100000001b3ull;
-    };
-    for (const auto& t : tensors_()) mix(t.byte_data(), t.bytes());
-    const auto sc = scalars_();
-    mix(reinterpret_cast<const std::byte*>(sc.data()), sc.size_bytes());
-    mix(reinterpret_cast<const std::byte*>(&step_), sizeof step_);
-    return h;
+    std::uint64_t h = detail::fnv1a_offset_basis;
+    for (const auto& t : tensors_()) h = detail::fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
+    h = detail::fnv1a(std::as_bytes(scalars_()), h);
+    return detail::fnv1a_object(step_, h);
   }
 
   // Members exchange (step, fresh, layout, state size); those behind receive the state.
