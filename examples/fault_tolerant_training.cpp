@@ -1,6 +1,6 @@
 // Fault-tolerant data-parallel training: three trainer processes over gloo, one of them killed
 // with SIGKILL in the middle of training and started again. The survivors discard the step that
-// failed, form a new quorum and go on; the restarted trainer asks to join, receives the full
+// failed, form a new quorum and go on; the restarted trainer asks to enroll, receives the full
 // training state from the others (healing) and finishes with them. At the end all three hold
 // bit-identical parameters.
 //

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/device.hpp>
 #include <ddp/dtype.hpp>
 
@@ -101,19 +102,14 @@ inline std::optional<std::string> validate_layout(const bucket_layout& layout, s
   return std::nullopt;
 }
 
-/// 64-bit FNV-1a over a sequence of integers.
+/// 64-bit FNV-1a over a sequence of integers, each as its 8 bytes, least significant first.
 class fingerprint {
  public:
-  void add(std::uint64_t v) noexcept {
-    for (int i = 0; i < 8; ++i) {
-      h_ ^= (v >> (8 * i)) & 0xffu;
-      h_ *= 0x100000001b3ull;
-    }
-  }
+  void add(std::uint64_t v) noexcept { h_ = fnv1a_u64(v, h_); }
   [[nodiscard]] std::uint64_t value() const noexcept { return h_; }
 
  private:
-  std::uint64_t h_ = 0xcbf29ce484222325ull;
+  std::uint64_t h_ = fnv1a_offset_basis;
 };
 
 /// Fingerprint of the registered gradients and the layout: equal on two ranks iff both registered

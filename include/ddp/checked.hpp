@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <ddp/communicator.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/work.hpp>
@@ -143,10 +144,12 @@ class checked_communicator {
     mine[3] = root;
     mine[4] = static_cast<std::int64_t>(ts.size());
     mine[5] = ts.empty() ? 0 : static_cast<std::int64_t>(ts.front().type);
-    std::uint64_t hash = 0xcbf29ce484222325ull;
+    // FNV-1a's step over whole words (count and dtype of each tensor), not bytes: ranks of one
+    // job compare it, nothing stores it.
+    std::uint64_t hash = detail::fnv1a_offset_basis;
     for (const auto& t : ts) {
       mine[6] += static_cast<std::int64_t>(t.count);
-      hash = (hash ^ (t.count * 16 + static_cast<std::uint64_t>(t.type))) * 0x100000001b3ull;
+      hash = (hash ^ (t.count * 16 + static_cast<std::uint64_t>(t.type))) * detail::fnv1a_prime;
     }
     mine[7] = static_cast<std::int64_t>(hash);
 

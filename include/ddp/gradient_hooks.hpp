@@ -3,9 +3,10 @@
 /// @brief Attaching "gradient ready" callbacks to a trainer's own autograd, with RAII removal.
 ///
 /// PyTorch could not re-create DDP after a failure because every new reducer added hooks to the
-/// same parameters and nothing removed the old ones (seed 000). Here every hook a component
-/// attaches is owned by an `attached_hook`, which removes it when destroyed: destroying the
-/// Bucketer leaves the trainer's autograd exactly as it was.
+/// same parameters and nothing removed the old ones, which kept firing into the reducer that was
+/// gone (PyTorch issue #21344). Here every hook a component attaches is owned by an
+/// `attached_hook`, which removes it when destroyed: destroying the Bucketer leaves the trainer's
+/// autograd exactly as it was.
 ///
 /// A registry is any type with
 /// @code

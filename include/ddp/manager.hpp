@@ -12,10 +12,11 @@
 ///   Manager aborts its communicator (so every peer fails fast too) and the step is discarded.
 /// - **Fast path.** While nothing changes, a step costs one int64 allreduce (in
 ///   `should_commit()`, the commit vote) plus a heartbeat written to the store at most every
-///   `heartbeat_interval`. Rank 0 also reads the store's join counter at that rate and folds "a
-///   replica wants in" into the vote, so joins take effect at the next `start_quorum()`.
-/// - **Quorum change** (after an error, a failed vote, or a join request): every live replica
-///   meets in the store under a fresh generation (`stores::join_group`): the group forms with at
+///   `heartbeat_interval`. Rank 0 also reads the store's enrollment counter at that rate and
+///   folds "a replica wants in" into the vote, so enrollments take effect at the next
+///   `start_quorum()`.
+/// - **Quorum change** (after an error, a failed vote, or an enrollment request): every live
+///   replica enrolls in the store under a fresh generation (`stores::enroll`): the group forms with at
 ///   least `max(min_replicas, majority of the previous quorum's members whose heartbeat is
 ///   fresh)` members, so a partitioned minority cannot form a quorum and commit on its own.
 ///   A new communicator is built for the group through the user's factory.
@@ -49,6 +50,7 @@
 #include <ddp/average.hpp>
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
@@ -140,7 +142,7 @@ struct manager_options {
   int min_replicas = 1;
   /// Deadline for forming a quorum (including healing) before `start_quorum()` gives up.
   std::chrono::milliseconds quorum_timeout{60000};
-  /// How often a replica writes its heartbeat, and rank 0 polls for join requests.
+  /// How often a replica writes its heartbeat, and rank 0 polls for enrollment requests.
   std::chrono::milliseconds heartbeat_interval{100};
   /// A member whose heartbeat is older is presumed dead when counting the majority.
   std::chrono::milliseconds heartbeat_timeout{5000};
@@ -542,7 +544,7 @@ class Manager {
     const std::uint64_t target = std::max(generation_, latest.generation) + 1;
     generation_ = target;  // whatever happens, this generation is used up for us
     stores::prefix_store<store_ref> gen_store(store_, "g" + std::to_string(target) + "/");
-    const stores::membership m = stores::join_group(gen_store, opts_.replica_id, g);
+    const stores::membership m = stores::enroll(gen_store, opts_.replica_id, g);
     rank_ = m.rank;
     size_ = m.size();
     members_ = m.members;
@@ -575,15 +577,10 @@ class Manager {
   }
 
   [[nodiscard]] std::uint64_t state_hash() const {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&h](const std::byte* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint64_t>(p[i])) * 0x100000001b3ull;
-    };
-    for (const auto& t : tensors_()) mix(t.byte_data(), t.bytes());
-    const auto sc = scalars_();
-    mix(reinterpret_cast<const std::byte*>(sc.data()), sc.size_bytes());
-    mix(reinterpret_cast<const std::byte*>(&step_), sizeof step_);
-    return h;
+    std::uint64_t h = detail::fnv1a_offset_basis;
+    for (const auto& t : tensors_()) h = detail::fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
+    h = detail::fnv1a(std::as_bytes(scalars_()), h);
+    return detail::fnv1a_object(step_, h);
   }
 
   // Members exchange (step, fresh, layout, state size); those behind receive the state.

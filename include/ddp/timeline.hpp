@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include <ddp/communicator.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/error.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
@@ -153,9 +154,7 @@ inline int track_rank(std::string_view name) {
 inline std::uint64_t host_hash() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return 0;
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
-  return h & 0x7fffffffffffffffull;
+  return ddp::detail::fnv1a(std::string_view(name)) & 0x7fffffffffffffffull;
 }
 
 inline std::int64_t ns_of(clock::time_point t) {

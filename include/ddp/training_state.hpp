@@ -1,7 +1,7 @@
 #pragma once
 /// @file training_state.hpp
-/// @brief What a replica must receive to rejoin training: the `transferable_state` concept and
-/// `training_state`, a ready-made model of it.
+/// @brief What a replica must receive to take part in training again: the `transferable_state`
+/// concept and `training_state`, a ready-made model of it.
 ///
 /// A recovering replica receives, from up-to-date peers, every tensor and scalar of the state
 /// (parameters, buffers, optimizer state, schedule counters) so that afterwards its state is

@@ -82,7 +82,7 @@ bytes le64(std::int64_t v) {
   st::put_u64(b.data(), static_cast<std::uint64_t>(v));
   return b;
 }
-bytes join_input(std::int64_t arrived_before, int max_members, std::string_view closed) {
+bytes enroll_input(std::int64_t arrived_before, int max_members, std::string_view closed) {
   bytes b = le64(arrived_before);
   b.push_back(static_cast<std::byte>(max_members - 1));
   for (char c : closed) b.push_back(static_cast<std::byte>(c));
@@ -117,11 +117,11 @@ int main(int argc, char** argv) {
   write("member_list", "bad-index", "x a\n");
   write("member_list", "bad-id", "0 a b\n");
 
-  // join_group: [arrivals counted][max_members - 1][members/closed].
-  write("join_group", "first-alone", join_input(0, 1, ""));
-  write("join_group", "fourth-of-four", join_input(3, 4, st::encode_members({{0, "a"}, {1, "b"}, {2, "c"}, {3, "fuzz-me"}})));
-  write("join_group", "closed-without-me", join_input(2, 2, st::encode_members({{0, "a"}, {1, "b"}})));
-  write("join_group", "not-closed-yet", join_input(1, 2, ""));
+  // enroll: [arrivals counted][max_members - 1][members/closed].
+  write("enroll", "first-alone", enroll_input(0, 1, ""));
+  write("enroll", "fourth-of-four", enroll_input(3, 4, st::encode_members({{0, "a"}, {1, "b"}, {2, "c"}, {3, "fuzz-me"}})));
+  write("enroll", "closed-without-me", enroll_input(2, 2, st::encode_members({{0, "a"}, {1, "b"}})));
+  write("enroll", "not-closed-yet", enroll_input(1, 2, ""));
 
   // manager_records: "current" records and heartbeats.
   write("manager_records", "record-one", ddp::detail::encode_quorum_record({1, 0, {"replica-0"}}));

@@ -74,8 +74,8 @@ void kill_one_of_three(Make make, int victim, const std::string& job, bool keep_
     CHILD_CHECK(std::chrono::steady_clock::now() - t0 < 1s, "broken communicator took long to fail");
     if (!keep_old_alive) old.reset();  // else: destroyed at the very end, after the new one worked
 
-    auto comm = ddp::gloo::join(store, job, 1, "rank-" + std::to_string(rank),
-                                {.min_members = 2, .max_members = 2, .timeout = 10s}, opts);
+    auto comm = ddp::gloo::enroll(store, job, 1, "rank-" + std::to_string(rank),
+                                  {.min_members = 2, .max_members = 2, .timeout = 10s}, opts);
     rep.set("new_rank", std::to_string(comm.rank()));
     CHILD_CHECK(comm.size() == 2, "new size " << comm.size());
     if (comm.rank() == 0) rep.set("retired", std::to_string(st::retire_generation(store, job, 0)));
@@ -421,6 +421,27 @@ TEST_CASE("gloo: a namespace is used by one communicator only", "[gloo][connect]
     } catch (const ddp::usage_error& e) {
       CHILD_CHECK(std::string(e.what()).find("already set") != std::string::npos, e.what());
     }
+  });
+  const auto outs = g.wait_all(20s);
+  INFO(gloo_test::describe_all(outs));
+  CHECK(outs[0].ok());
+}
+
+TEST_CASE("gloo: the deprecated gloo::join and stores::join_group still enroll", "[gloo][connect]") {
+  // "join" now names only uneven inputs; the membership functions are gloo::enroll and
+  // stores::enroll. Their former names must keep existing code compiling and working.
+  temp_dir dir("gloo-deprecated-join");
+  process_group g(1, [&](int, const reporter&) {
+    st::file_store store(dir.path());
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    auto comm = ddp::gloo::join(store, "old-names", 0, "only", {.min_members = 1, .max_members = 1, .timeout = 5s},
+                                {.timeout = 5s, .connect_timeout = 2s});
+    auto ns = st::generation_store(store, "old-names", 1);
+    const st::membership m = st::join_group(ns, "only", {.min_members = 1, .max_members = 1, .timeout = 5s});
+#pragma GCC diagnostic pop
+    CHILD_CHECK(comm.rank() == 0 && comm.size() == 1, "rank " << comm.rank() << " of " << comm.size());
+    CHILD_CHECK(m.rank == 0 && m.members == std::vector<std::string>{"only"}, "membership rank " << m.rank);
   });
   const auto outs = g.wait_all(20s);
   INFO(gloo_test::describe_all(outs));

@@ -203,7 +203,7 @@ void check_across_processes(Make make) {
     process_group g(3, [&](int rank, const reporter& rep) {
       auto s = make();
       auto ns = st::generation_store(s, "grp", 4);
-      const auto m = st::join_group(ns, "member-" + std::to_string(2 - rank), {.min_members = 3, .max_members = 3,
+      const auto m = st::enroll(ns, "member-" + std::to_string(2 - rank), {.min_members = 3, .max_members = 3,
                                                                              .timeout = 10s});
       std::string list;
       for (const auto& id : m.members) list += id + ",";
@@ -224,7 +224,7 @@ void check_across_processes(Make make) {
       auto ns = st::generation_store(s, "grp", 5);
       if (rank == 2) std::this_thread::sleep_for(300ms);  // arrives after the group closed
       try {
-        const auto m = st::join_group(ns, "p" + std::to_string(rank), {.min_members = 2, .max_members = 2,
+        const auto m = st::enroll(ns, "p" + std::to_string(rank), {.min_members = 2, .max_members = 2,
                                                                        .timeout = 10s});
         rep.set("size", std::to_string(m.size()));
       } catch (const ddp::communication_error& e) {
@@ -241,7 +241,7 @@ void check_across_processes(Make make) {
     auto s = make();
     auto ns = st::generation_store(s, "grp", 6);
     const auto t0 = std::chrono::steady_clock::now();
-    CHECK_THROWS_AS(st::join_group(ns, "alone", {.min_members = 2, .timeout = 300ms}), ddp::timeout_error);
+    CHECK_THROWS_AS(st::enroll(ns, "alone", {.min_members = 2, .timeout = 300ms}), ddp::timeout_error);
     CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   }
 }

@@ -218,11 +218,11 @@ TEST_CASE("progress: a rendezvous names the members that have not arrived", "[lo
   };
   std::vector<int> ranks(3, -1);
   std::vector<std::thread> ts;
-  ts.emplace_back([&] { ranks[0] = ddp::stores::join_group(store, "a", g).rank; });
+  ts.emplace_back([&] { ranks[0] = ddp::stores::enroll(store, "a", g).rank; });
   std::this_thread::sleep_for(50ms);  // "a" arrives first: it closes the group and reports
-  ts.emplace_back([&] { ranks[1] = ddp::stores::join_group(store, "b", g).rank; });
+  ts.emplace_back([&] { ranks[1] = ddp::stores::enroll(store, "b", g).rank; });
   std::this_thread::sleep_for(1200ms);  // "c" is late
-  ts.emplace_back([&] { ranks[2] = ddp::stores::join_group(store, "c", g).rank; });
+  ts.emplace_back([&] { ranks[2] = ddp::stores::enroll(store, "c", g).rank; });
   for (auto& t : ts) t.join();
   CHECK(ranks == std::vector<int>{0, 1, 2});
   std::lock_guard lk(mu);

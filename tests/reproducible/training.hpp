@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
 #include <ddp/communicator.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/reproducible.hpp>
 
 namespace repro_training {
@@ -78,11 +80,8 @@ struct model {
 
   // FNV-1a over the bytes of every parameter, as 16 hex digits.
   std::string fingerprint() {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (auto* p : params()) {
-      const auto* b = reinterpret_cast<const unsigned char*>(p->data());
-      for (std::size_t i = 0; i < p->size() * sizeof(float); ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-    }
+    std::uint64_t h = ddp::detail::fnv1a_offset_basis;
+    for (auto* p : params()) h = ddp::detail::fnv1a(std::as_bytes(std::span<const float>(*p)), h);
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
     return buf;

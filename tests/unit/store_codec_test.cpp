@@ -135,32 +135,32 @@ TEST_CASE("membership: decode(encode(list)) == list", "[store][membership]") {
   }
 }
 
-TEST_CASE("membership: a list naming another id at this arrival is refused (fuzz: join_group)", "[store][membership]") {
+TEST_CASE("membership: a list naming another id at this arrival is refused (fuzz: enroll)", "[store][membership]") {
   // Before: the process was admitted at the rank of whoever the list named (a list left by an
   // earlier group in a reused namespace).
   st::memory_store s;
   s.add("members/arrivals", 1);  // one arrival before us: we are arrival 1
   s.set("members/closed", ddp::as_bytes(st::detail::encode_members({{0, "a"}, {1, "someone-else"}})));
   const auto what = thrown_by([&] {
-    (void)st::join_group(s, "me", {.min_members = 1, .max_members = 2, .settle = 0ms, .timeout = 0ms});
+    (void)st::enroll(s, "me", {.min_members = 1, .max_members = 2, .settle = 0ms, .timeout = 0ms});
   });
   CHECK(is_communication_error(what));
   CHECK(what.find("someone-else") != std::string::npos);
 }
 
-TEST_CASE("membership: a garbage arrival counter is a communication_error, not UB (fuzz: join_group)", "[store][membership]") {
-  // Before: memory_store::add overflowed (signed) at INT64_MAX + 1, and join_group computed
+TEST_CASE("membership: a garbage arrival counter is a communication_error, not UB (fuzz: enroll)", "[store][membership]") {
+  // Before: memory_store::add overflowed (signed) at INT64_MAX + 1, and enroll computed
   // INT64_MIN - 1 from a wrapped counter.
   st::memory_store s;
   s.add("members/arrivals", std::numeric_limits<std::int64_t>::max());
   const auto what = thrown_by([&] {
-    (void)st::join_group(s, "me", {.min_members = 1, .max_members = 1, .settle = 0ms, .timeout = 0ms});
+    (void)st::enroll(s, "me", {.min_members = 1, .max_members = 1, .settle = 0ms, .timeout = 0ms});
   });
   CHECK(is_communication_error(what));
   CHECK(what.find("arrival counter") != std::string::npos);
 }
 
-TEST_CASE("memory_store: counters wrap around like the file store's (fuzz: join_group)", "[store][membership]") {
+TEST_CASE("memory_store: counters wrap around like the file store's (fuzz: enroll)", "[store][membership]") {
   st::memory_store s;
   CHECK(s.add("c", std::numeric_limits<std::int64_t>::max()) == std::numeric_limits<std::int64_t>::max());
   CHECK(s.add("c", 1) == std::numeric_limits<std::int64_t>::min());

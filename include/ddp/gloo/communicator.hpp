@@ -7,7 +7,7 @@
 /// `communication_error` (a peer's connection ended) or `timeout_error` (a peer stopped
 /// answering), within milliseconds of a death or at the configured timeout for a stopped
 /// process; never a hang, never a crash, never SIGPIPE. The communicator stays broken; the
-/// survivors build a new one in a fresh generation of the store (see gloo/join.hpp) and
+/// survivors build a new one in a fresh generation of the store (see gloo/enroll.hpp) and
 /// destroy or leak the old one, which neither hangs nor crashes.
 ///
 /// Threads: collectives may be issued from any thread (one at a time per call; ranks must agree

@@ -1,47 +1,26 @@
 #pragma once
 /// @file gloo/join.hpp
-/// @brief Building (and re-building) a gloo communicator for a member set agreed in a store.
-///
-/// Recovery after a peer died, on every survivor:
-/// @code
-///   try { ... comm.allreduce(...).wait(); }
-///   catch (const ddp::communication_error&) {
-///     comm = ddp::gloo::join(store, "job", ++generation, my_id, {.min_members = 2}, opts);
-///     if (comm.rank() == 0) ddp::stores::retire_generation(store, "job", generation - 1);
-///   }
-/// @endcode
-/// The survivors meet in generation g + 1's namespace, agree on who is in (stores::join_group),
-/// and connect there: the dead generation's keys are never read.
+/// @brief Deprecated: the former name of `gloo::enroll` (gloo/enroll.hpp), kept so that existing
+/// code compiles. "Join" in ddp now means only uneven inputs (`JoinContext`, join.hpp).
 
 #include <cstdint>
 #include <string_view>
 #include <utility>
 
 #include <ddp/gloo/communicator.hpp>
+#include <ddp/gloo/enroll.hpp>
 #include <ddp/gloo/options.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/membership.hpp>
-#include <ddp/stores/prefix_store.hpp>
 
 namespace ddp::gloo {
 
-/// Connects to the members of an agreed group (`membership` from stores::join_group) through
-/// `store`, which must be the namespace the group formed in.
-[[nodiscard]] inline communicator connect(store_ref store, const stores::membership& group, options opts = {}) {
-  return communicator(store, group.rank, group.size(), std::move(opts));
-}
-
-/// Joins generation `generation` of `job` in `store`: agrees on the member set with the other
-/// processes joining it, then connects to them. Returns this process's communicator; its rank
-/// follows the order of the members' ids.
-/// @throws timeout_error if the group did not form or connect in time; communication_error if
-///         it formed without this process (join the next generation)
+/// Former name of `enroll`.
 template <store S>
+[[deprecated("use ddp::gloo::enroll (ddp/gloo/enroll.hpp): 'join' now names only uneven inputs (JoinContext)")]]
 [[nodiscard]] communicator join(S& store, std::string_view job, std::uint64_t generation, std::string_view id,
                                 const stores::group_options& group = {}, options opts = {}) {
-  auto ns = stores::generation_store(store, job, generation);
-  const stores::membership m = stores::join_group(ns, id, group);
-  return communicator(ns, m.rank, m.size(), std::move(opts));
+  return enroll(store, job, generation, id, group, std::move(opts));
 }
 
 }  // namespace ddp::gloo

@@ -40,6 +40,7 @@
 
 #include <ddp/communicator.hpp>
 #include <ddp/detail/aligned_buffer.hpp>
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/error.hpp>
 #include <ddp/partition.hpp>
 #include <ddp/reproducible/accumulator.hpp>
@@ -155,10 +156,8 @@ class ReproducibleReducer {
     std::vector<reproducible::tensor_shape> shapes;
     for (const auto& g : grads_) shapes.push_back({g.type, g.count});
     reproducible::layout l(std::move(shapes));
-    fingerprint_ = 0xcbf29ce484222325ull;
-    auto mix = [this](std::uint64_t v) {
-      for (int b = 0; b < 8; ++b) fingerprint_ = (fingerprint_ ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-    };
+    fingerprint_ = ddp::detail::fnv1a_offset_basis;
+    auto mix = [this](std::uint64_t v) { fingerprint_ = ddp::detail::fnv1a_u64(v, fingerprint_); };
     mix(tree_.leaves());
     for (const auto& t : l.tensors()) {
       mix(static_cast<std::uint64_t>(t.type));

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include <ddp/detail/fnv1a.hpp>
 #include <ddp/error.hpp>
 #include <ddp/store.hpp>
 
@@ -88,15 +89,6 @@ inline void check_value_size(std::string_view key, std::size_t bytes, std::size_
   }
 }
 
-[[nodiscard]] inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::byte b : data) {
-    h ^= static_cast<std::uint64_t>(b);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xffu);
 }
@@ -112,7 +104,7 @@ inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
   std::memcpy(out.data(), frame_magic.data(), frame_magic.size());
   out[4] = static_cast<std::byte>(frame_version);
   put_u64(out.data() + 8, payload.size());
-  put_u64(out.data() + 16, fnv1a64(payload));
+  put_u64(out.data() + 16, ddp::detail::fnv1a(payload));
   if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
   return out;
 }
@@ -153,7 +145,7 @@ inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
                std::to_string(length) + " bytes, found " + std::to_string(have));
   }
   const auto payload = raw.subspan(frame_header_bytes);
-  if (get_u64(raw.data() + 16) != fnv1a64(payload)) throw fail("checksum mismatch (corrupt or torn write)");
+  if (get_u64(raw.data() + 16) != ddp::detail::fnv1a(payload)) throw fail("checksum mismatch (corrupt or torn write)");
   return {payload.begin(), payload.end()};
 }
 

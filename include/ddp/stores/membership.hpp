@@ -1,8 +1,11 @@
 #pragma once
 /// @file stores/membership.hpp
-/// @brief `join_group`: processes that meet in a store agree on who is in the next group and on
+/// @brief `enroll`: processes that meet in a store agree on who is in the next group and on
 /// everyone's rank in it. Used by survivors of a failure to find each other before building
 /// the next generation's communicator; any backend can use it.
+///
+/// Words: a process *enrolls* in a group (membership); "join" in ddp means only uneven inputs
+/// (`JoinContext`, join.hpp). `join_group`, the former name, is kept as a deprecated forwarder.
 ///
 /// Protocol, in the (generation's) namespace it is given:
 /// 1. Each process takes an arrival number from the counter `members/arrivals` and publishes
@@ -76,7 +79,7 @@ struct arrival {
 /// non-negative indices decodes. @throws communication_error for anything else
 [[nodiscard]] inline std::vector<arrival> decode_members(std::string_view text) {
   const auto fail = [](const std::string& what) {
-    return communication_error(-1, "join_group", "malformed member list in the store: " + what);
+    return communication_error(-1, "enroll", "malformed member list in the store: " + what);
   };
   std::vector<arrival> out;
   std::size_t pos = 0;
@@ -119,19 +122,20 @@ void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const gr
 }
 }  // namespace detail
 
-/// Joins the group forming in `s` (give it a fresh generation's namespace; see prefix_store.hpp).
-/// @param s     the namespace the group forms in, shared by every process joining it
+/// Enrolls this process in the group forming in `s` (give it a fresh generation's namespace; see
+/// prefix_store.hpp).
+/// @param s     the namespace the group forms in, shared by every process enrolling in it
 /// @param id    this process's name in the group (key characters; need not be unique)
 /// @param opts  how many members to wait for, and how long
 /// @throws timeout_error if the group did not form in time; communication_error if it formed
 ///         without this process
 template <store S>
-[[nodiscard]] membership join_group(S& s, std::string_view id, const group_options& opts = {}) {
-  detail::check_key(id, "join_group");
+[[nodiscard]] membership enroll(S& s, std::string_view id, const group_options& opts = {}) {
+  detail::check_key(id, "enroll");
   if (opts.min_members < 1 || opts.max_members < opts.min_members) {
-    throw usage_error(-1, "join_group", "need 1 <= min_members <= max_members, got " +
-                                            std::to_string(opts.min_members) + " and " +
-                                            std::to_string(opts.max_members));
+    throw usage_error(-1, "enroll", "need 1 <= min_members <= max_members, got " +
+                                        std::to_string(opts.min_members) + " and " +
+                                        std::to_string(opts.max_members));
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + opts.timeout;
@@ -141,8 +145,8 @@ template <store S>
   };
   const std::int64_t counted = s.add("members/arrivals", 1);
   if (counted < 1) {  // we just added 1: only a counter someone else wrote garbage to gets here
-    throw communication_error(-1, "join_group", "malformed arrival counter 'members/arrivals' in the store (" +
-                                                    std::to_string(counted) + " after counting this arrival)");
+    throw communication_error(-1, "enroll", "malformed arrival counter 'members/arrivals' in the store (" +
+                                                std::to_string(counted) + " after counting this arrival)");
   }
   const std::int64_t me = counted - 1;
   s.set("members/" + std::to_string(me), as_bytes(id));
@@ -167,9 +171,9 @@ template <store S>
       }
       if (now >= deadline) {
         if (enough) break;
-        throw timeout_error(-1, "join_group", "only " + std::to_string(arrived) + " of at least " +
-                                                  std::to_string(opts.min_members) + " members arrived within " +
-                                                  std::to_string(opts.timeout.count()) + " ms");
+        throw timeout_error(-1, "enroll", "only " + std::to_string(arrived) + " of at least " +
+                                              std::to_string(opts.min_members) + " members arrived within " +
+                                              std::to_string(opts.timeout.count()) + " ms");
       }
       pause.sleep_until_next(deadline);
     }
@@ -180,7 +184,7 @@ template <store S>
       std::string arrived_id = to_text(wait_get(s, "members/" + std::to_string(i), left()));
       // Written by another process: it must be an id, or the list would not parse.
       if (!detail::is_valid_key(arrived_id)) {
-        throw communication_error(-1, "join_group",
+        throw communication_error(-1, "enroll",
                                   "malformed id under 'members/" + std::to_string(i) + "' in the store");
       }
       list.push_back({i, std::move(arrived_id)});
@@ -197,20 +201,27 @@ template <store S>
     if (a.index == me) {
       // The list must name this arrival by the id it published, or it is not this group's list.
       if (a.id != id) {
-        throw communication_error(-1, "join_group", "the member list in the store names arrival " +
-                                                        std::to_string(me) + " '" + a.id + "', but this process is '" +
-                                                        std::string(id) + "'");
+        throw communication_error(-1, "enroll", "the member list in the store names arrival " +
+                                                    std::to_string(me) + " '" + a.id + "', but this process is '" +
+                                                    std::string(id) + "'");
       }
       m.rank = static_cast<int>(m.members.size());
     }
     m.members.push_back(a.id);
   }
   if (m.rank < 0) {
-    throw communication_error(-1, "join_group", "arrived after the group closed with " +
-                                                    std::to_string(m.members.size()) +
-                                                    " members; join the next generation");
+    throw communication_error(-1, "enroll", "arrived after the group closed with " +
+                                                std::to_string(m.members.size()) +
+                                                " members; enroll in the next generation");
   }
   return m;
+}
+
+/// Former name of `enroll`, kept so that existing code compiles.
+template <store S>
+[[deprecated("use ddp::stores::enroll: 'join' now names only uneven inputs (JoinContext)")]] [[nodiscard]] membership
+join_group(S& s, std::string_view id, const group_options& opts = {}) {
+  return enroll(s, id, opts);
 }
 
 }  // namespace ddp::stores

@@ -15,7 +15,7 @@
 ///   `std::shared_ptr` to each bound parameter's accumulator, so every forward pass reuses it.
 /// - **Hooks are removed.** `add_post_hook` returns a key; `remove_gradient_hook` gives it to
 ///   `Node::del_post_hook`. A Bucketer owns each hook it attached through an `attached_hook`, so
-///   destroying the Bucketer removes them (PyTorch's reducer leaked them: seed 000, #21344), and
+///   destroying the Bucketer removes them (PyTorch's reducer leaked them, PyTorch issue #21344), and
 ///   the registry removes whatever is still attached when it is destroyed itself.
 ///
 /// Before calling `on_ready`, each hook checks that `parameter.grad()` is still the tensor whose

@@ -1,11 +1,11 @@
-// Fuzz target: `join_group` (stores/membership.hpp) over a store holding whatever other
+// Fuzz target: `enroll` (stores/membership.hpp) over a store holding whatever other
 // processes, dead ones or garbage, left in the group's namespace. Input layout:
 //   bytes 0-7   arrivals already counted in `members/arrivals` (int64, little endian)
 //   byte  8     max_members - 1 (mod 4)
 //   bytes 9-    the value of `members/closed` (not set if empty)
 // The store is a memory_store; every wait has a zero timeout, so nothing blocks.
 //
-// Properties: join_group either admits this process, at a rank whose id is this process's, or
+// Properties: enroll either admits this process, at a rank whose id is this process's, or
 // fails with a communication_error (timeout_error included): no crash, UB or other exception.
 
 #include <chrono>
@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!closed.empty()) s.set("members/closed", ddp::as_bytes(closed));
   try {
     const st::membership m =
-        st::join_group(s, "fuzz-me", {.min_members = 1, .max_members = max_members, .settle = 0ms, .timeout = 0ms});
+        st::enroll(s, "fuzz-me", {.min_members = 1, .max_members = max_members, .settle = 0ms, .timeout = 0ms});
     FUZZ_CHECK(m.rank >= 0 && m.rank < m.size());
     FUZZ_CHECK(m.members[static_cast<std::size_t>(m.rank)] == "fuzz-me");
   } catch (const ddp::communication_error&) {
