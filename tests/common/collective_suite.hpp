@@ -30,8 +30,7 @@ struct suite_failure : std::runtime_error {
   } while (0)
 
 inline const std::vector<ddp::dtype>& all_dtypes() {
-  static const std::vector<ddp::dtype> v{ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32, ddp::dtype::f64,
-                                         ddp::dtype::i8,  ddp::dtype::u8,   ddp::dtype::i32, ddp::dtype::i64};
+  static const std::vector<ddp::dtype> v(ddp::all_dtypes.begin(), ddp::all_dtypes.end());
   return v;
 }
 inline const std::vector<ddp::reduce_op>& all_ops() {

@@ -36,6 +36,7 @@
 #include <utility>
 
 #include <ddp/communicator.hpp>
+#include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/environment.hpp>
@@ -347,10 +348,9 @@ class communicator {
   // in dtype order, which every rank derives from the same call.
   void allreduce_grouped(detail::comm_state& s, detail::mpi_work& w, std::span<const tensor_view> tensors,
                          reduce_op op) {
-    constexpr std::size_t kinds = 8;
-    std::array<std::size_t, kinds> counts{};
-    std::array<std::size_t, kinds> members{};
-    std::array<const tensor_view*, kinds> lone{};
+    std::array<std::size_t, dtype_count> counts{};
+    std::array<std::size_t, dtype_count> members{};
+    std::array<const tensor_view*, dtype_count> lone{};
     for (const tensor_view& t : tensors) {
       if (t.count == 0) continue;
       const auto k = static_cast<std::size_t>(t.type);
@@ -358,7 +358,7 @@ class communicator {
       ++members[k];
       lone[k] = &t;
     }
-    for (std::size_t k = 0; k < kinds; ++k) {
+    for (std::size_t k = 0; k < dtype_count; ++k) {
       if (members[k] == 0) continue;
       if (members[k] == 1) {
         allreduce_region(s, w, *lone[k], op);

@@ -49,6 +49,7 @@
 
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
+#include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/shm/arena.hpp>
@@ -345,7 +346,7 @@ class communicator {
 
   // One group per dtype (in dtype order, which every rank derives from the same call).
   std::vector<tensor_group> groups_of(std::span<const tensor_view> tensors) const {
-    std::array<tensor_group, 8> by_type{};
+    std::array<tensor_group, dtype_count> by_type{};
     for (const tensor_view& t : tensors) {
       if (t.count == 0) continue;
       auto& g = by_type[static_cast<std::size_t>(t.type)];
