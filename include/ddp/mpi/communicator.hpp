@@ -35,6 +35,7 @@
 #include <string>
 #include <utility>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
@@ -102,7 +103,7 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
     detail::comm_state& s = begin("allreduce");
-    op_info info = make_info(s, "allreduce", tensors, op, -1);
+    op_info info = contract::check_allreduce(caller(s), tensors, op);
     info.seq = s.next_seq();
     if (info.count == 0) return work::ready();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
@@ -117,11 +118,7 @@ class communicator {
   /// In-place broadcast of `tensors` from `root` (one coalesced call).
   work broadcast(std::span<const tensor_view> tensors, int root) {
     detail::comm_state& s = begin("broadcast");
-    if (root < 0 || root >= size_) {
-      throw usage_error(rank_, "broadcast", "root " + std::to_string(root) +
-                                                " is not a rank of a communicator of size " + std::to_string(size_));
-    }
-    op_info info = make_info(s, "broadcast", tensors, reduce_op::sum, root);
+    op_info info = contract::check_broadcast(caller(s), tensors, root);
     info.seq = s.next_seq();
     if (info.count == 0) return work::ready();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
@@ -158,18 +155,8 @@ class communicator {
   /// that slice of `out` (in-place allgather); other overlaps are rejected.
   work allgather(tensor_view in, tensor_view out) {
     detail::comm_state& s = begin("allgather");
-    check_pair(s, "allgather", in, out);
-    if (out.count != in.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, "allgather", "output has " + std::to_string(out.count) +
-                                                " elements, expected input count " + std::to_string(in.count) +
-                                                " x size " + std::to_string(size_));
-    }
-    const std::array<tensor_view, 1> views{in};
-    op_info info = make_info(s, "allgather", views, reduce_op::sum, -1);
-    const bool in_place = in.data == out.byte_data() + static_cast<std::size_t>(rank_) * in.bytes();
-    if (!in_place && overlap(in, out)) {
-      throw usage_error(rank_, info.describe(), "input overlaps output other than at this rank's block");
-    }
+    op_info info = contract::check_allgather(caller(s), in, out);
+    const bool in_place = contract::is_in_place_allgather(rank_, in, out);
     check_count(info, in.count);
     info.seq = s.next_seq();
     if (in.count == 0) return work::ready();
@@ -188,15 +175,7 @@ class communicator {
   /// `in.count == out.count * size()`; rank r gets block r of the reduction. No overlap allowed.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     detail::comm_state& s = begin("reduce_scatter");
-    check_pair(s, "reduce_scatter", in, out);
-    if (in.count != out.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, "reduce_scatter", "input has " + std::to_string(in.count) +
-                                                     " elements, expected output count " + std::to_string(out.count) +
-                                                     " x size " + std::to_string(size_));
-    }
-    const std::array<tensor_view, 1> views{in};
-    op_info info = make_info(s, "reduce_scatter", views, op, -1);
-    if (overlap(in, out)) throw usage_error(rank_, info.describe(), "input and output overlap");
+    op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
     check_count(info, out.count);
     info.seq = s.next_seq();
     if (out.count == 0) return work::ready();
@@ -215,7 +194,7 @@ class communicator {
   /// Completes once every rank called it.
   work barrier() {
     detail::comm_state& s = begin("barrier");
-    op_info info = make_info(s, "barrier", {}, reduce_op::sum, -1);
+    op_info info = contract::check_barrier(caller(s));
     info.seq = s.next_seq();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
     int rc = MPI_SUCCESS;
@@ -271,38 +250,11 @@ class communicator {
     return *state_;
   }
 
-  // Describes the call and checks every tensor is host memory with data.
-  op_info make_info(const detail::comm_state& s, const char* name, std::span<const tensor_view> tensors, reduce_op op,
-                    int root) const {
-    op_info info;
-    info.rank = rank_;
-    info.name = name;
-    info.seq = s.peek_seq();
-    info.op = op;
-    info.root = root;
-    info.timeout = s.opts().timeout;
-    if (!tensors.empty()) info.type = tensors[0].type;
-    for (const tensor_view& t : tensors) info.count += t.count;
-    for (const tensor_view& t : tensors) {
-      if (!t.where.is_host()) [[unlikely]] {
-        throw usage_error(rank_, info.describe(),
-                          "the MPI backend needs host memory, got a tensor on " + t.where.str() +
-                              " (ddp does not assume a CUDA-aware MPI)");
-      }
-      if (t.count > 0 && t.data == nullptr) [[unlikely]] {
-        throw usage_error(rank_, info.describe(), "tensor has no data pointer");
-      }
-    }
-    return info;
-  }
-
-  void check_pair(const detail::comm_state& s, const char* name, tensor_view in, tensor_view out) const {
-    if (in.type != out.type) {
-      throw usage_error(rank_, name, "input dtype " + std::string(name_of(in.type)) + " differs from output dtype " +
-                                         std::string(name_of(out.type)));
-    }
-    const std::array<tensor_view, 2> both{in, out};
-    (void)make_info(s, name, both, reduce_op::sum, -1);  // host memory, data pointers
+  // The calling rank, for the contract checks (backend_contract.hpp): the call would get the next
+  // sequence number; host memory only.
+  contract::caller caller(const detail::comm_state& s) const {
+    return {rank_, size_, s.peek_seq(), s.opts().timeout,
+            contract::memory_rule::host("the MPI backend", "ddp does not assume a CUDA-aware MPI")};
   }
 
   void check_count(const op_info& info, std::size_t per_rank) const {
@@ -311,13 +263,6 @@ class communicator {
                         std::to_string(per_rank) + " elements per rank exceed MPI's limit of " +
                             std::to_string(max_count) + "; split the tensor");
     }
-  }
-
-  static bool overlap(tensor_view a, tensor_view b) noexcept {
-    if (a.count == 0 || b.count == 0) return false;
-    const auto* a0 = a.byte_data();
-    const auto* b0 = b.byte_data();
-    return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
   }
 
   // Allreduce of one contiguous region in place: ring or MPI_Iallreduce (in chunks of at most

@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
@@ -144,9 +145,9 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
   /// memory. Complete on return (see the file comment).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
-    op_info info = describe_call(tensors, op);
     live("allreduce");
     std::lock_guard lk(s_->mutex);
+    op_info info = contract::check_allreduce(caller(), tensors, op);
     if (s_->broken.load()) {
       throw usage_error(rank(), info.describe(),
                         "communicator used after abort(), close() or a failed shared-memory collective");
@@ -325,23 +326,10 @@ class communicator {
     }
   }
 
-  op_info describe_call(std::span<const tensor_view> tensors, reduce_op op) const {
-    op_info info;
-    info.rank = rank();
-    info.name = "allreduce";
-    info.seq = s_ ? s_->seq : 0;
-    info.op = op;
-    info.timeout = s_ ? s_->opts.timeout : default_timeout;
-    if (!tensors.empty()) info.type = tensors[0].type;
-    for (const tensor_view& t : tensors) {
-      info.count += t.count;
-      if (!t.where.is_host()) {
-        throw usage_error(rank(), info.describe(),
-                          "the shared-memory allreduce needs host memory, got a tensor on " + t.where.str());
-      }
-      if (t.count > 0 && t.data == nullptr) throw usage_error(rank(), info.describe(), "tensor has no data pointer");
-    }
-    return info;
+  // The calling rank, for the allreduce's contract check (backend_contract.hpp). Caller holds
+  // the mutex (it guards the sequence number).
+  contract::caller caller() const {
+    return {rank(), size(), s_->seq, s_->opts.timeout, contract::memory_rule::host("the shared-memory allreduce")};
   }
 
   // One group per dtype (in dtype order, which every rank derives from the same call).
