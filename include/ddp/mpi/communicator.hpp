@@ -55,22 +55,24 @@ namespace ddp::mpi {
 class communicator {
  public:
   /// Duplicates `comm` (collective over it). Throws `usage_error` if MPI is not running.
-  explicit communicator(MPI_Comm comm, options opts = {})
+  explicit communicator(MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
 
   /// As above, made with `env`: a communication failure of this communicator (an MPI error, a
   /// timed-out wait, `abort()`) is recorded in `env`, whose destructor then does not block in
   /// MPI_Finalize even if the program caught the error. `env` need not outlive it.
-  communicator(const environment& env, MPI_Comm comm, options opts = {})
+  communicator(const environment& env, MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts, env.failures_)),
         rank_(state_->rank()),
         size_(state_->size()) {}
 
   /// A communicator over all processes (duplicates MPI_COMM_WORLD).
-  [[nodiscard]] static communicator world(options opts = {}) { return communicator(MPI_COMM_WORLD, std::move(opts)); }
+  [[nodiscard]] static communicator world(mpi::options opts = {}) {
+    return communicator(MPI_COMM_WORLD, std::move(opts));
+  }
 
   /// A communicator over all processes, made with `env` (see the constructor).
-  [[nodiscard]] static communicator world(const environment& env, options opts = {}) {
+  [[nodiscard]] static communicator world(const environment& env, mpi::options opts = {}) {
     return communicator(env, MPI_COMM_WORLD, std::move(opts));
   }
 
@@ -87,8 +89,11 @@ class communicator {
   [[nodiscard]] int rank() const { return rank_; }
   /// Number of processes.
   [[nodiscard]] int size() const { return size_; }
-  /// The options it was built with.
-  [[nodiscard]] const options& opts() const { return live("options").opts(); }
+  /// The options it was built with. (`mpi::options` names the type inside this class, where
+  /// `options` is this function.)
+  [[nodiscard]] const mpi::options& options() const { return live("options").options(); }
+  /// Former name of `options()`.
+  [[deprecated("use options()")]] [[nodiscard]] const mpi::options& opts() const { return options(); }
   /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
   [[nodiscard]] thread_level threads() const { return live("threads").level(); }
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
@@ -253,7 +258,7 @@ class communicator {
   // The calling rank, for the contract checks (backend_contract.hpp): the call would get the next
   // sequence number; host memory only.
   contract::caller caller(const detail::comm_state& s) const {
-    return {rank_, size_, s.peek_seq(), s.opts().timeout,
+    return {rank_, size_, s.peek_seq(), s.options().timeout,
             contract::memory_rule::host("the MPI backend", "ddp does not assume a CUDA-aware MPI")};
   }
 

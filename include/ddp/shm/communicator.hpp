@@ -93,7 +93,7 @@ class communicator {
   /// several nodes need a leaders' communicator: use the constructor taking `make_leaders`.
   /// @throws segment_error (on every rank) if shared memory cannot be created or mapped
   /// @throws usage_error if the ranks span several nodes
-  explicit communicator(Inner inner, options opts = {})
+  explicit communicator(Inner inner, shm::options opts = {})
       : communicator(std::move(inner), std::move(opts), [](const node_topology&) { return std::optional<Cross>{}; }) {}
 
   /// As above; on each node leader, when there are several nodes, `make_leaders(topology)`
@@ -101,7 +101,7 @@ class communicator {
   /// One more allgather checks every leader got one.
   template <class MakeLeaders>
     requires std::is_invocable_r_v<std::optional<Cross>, MakeLeaders&, const node_topology&>
-  communicator(Inner inner, options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
+  communicator(Inner inner, shm::options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
     check_options(opts, inner_.rank());
     node_parts<Cross> parts;
     parts.topology = detect_topology(inner_, opts.node_of_rank);
@@ -117,7 +117,7 @@ class communicator {
   }
 
   /// Assembles a communicator from parts made elsewhere (a backend factory). Not collective.
-  communicator(Inner inner, options opts, node_parts<Cross> parts) : inner_(std::move(inner)) {
+  communicator(Inner inner, shm::options opts, node_parts<Cross> parts) : inner_(std::move(inner)) {
     check_options(opts, inner_.rank());
     if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
       if (auto problem = leaders_problem(parts.topology, parts.leaders); !problem.empty()) {
@@ -241,8 +241,11 @@ class communicator {
 
   /// Which ranks share this rank's node.
   [[nodiscard]] const node_topology& topology() const noexcept { return s_->topology; }
-  /// The options every rank agreed on.
-  [[nodiscard]] const options& opts() const noexcept { return s_->opts; }
+  /// The options every rank agreed on. (`shm::options` names the type inside this class, where
+  /// `options` is this function.)
+  [[nodiscard]] const shm::options& options() const noexcept { return s_->opts; }
+  /// Former name of `options()`.
+  [[deprecated("use options()")]] [[nodiscard]] const shm::options& opts() const noexcept { return options(); }
   /// The wrapped communicator (it carries every collective this one does not accelerate).
   [[nodiscard]] Inner& inner() noexcept { return inner_; }
   /// The wrapped communicator.
@@ -256,7 +259,7 @@ class communicator {
 
  private:
   struct state {
-    options opts;
+    shm::options opts;
     node_topology topology;
     std::shared_ptr<segment> shared;
     std::optional<node_engine> engine;
@@ -270,7 +273,7 @@ class communicator {
     if (!s_) throw usage_error(-1, what, "use of a moved-from shm::communicator");
   }
 
-  static void check_options(const options& o, int rank) {
+  static void check_options(const shm::options& o, int rank) {
     if (o.chunk_bytes == 0) throw usage_error(rank, "shm::communicator", "options::chunk_bytes must be positive");
   }
 
@@ -300,7 +303,7 @@ class communicator {
     }
   }
 
-  void assemble(options opts, node_parts<Cross> parts) {
+  void assemble(shm::options opts, node_parts<Cross> parts) {
     s_ = std::make_unique<state>();
     s_->opts = std::move(opts);
     s_->topology = std::move(parts.topology);
