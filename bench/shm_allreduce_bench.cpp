@@ -95,7 +95,7 @@ void bandwidth(const bench::cli& args, MPI_Comm raw) {
   const bool root = mpi.rank() == 0;
   if (root) {
     std::cout << "# allreduce f32 sum in place, " << ranks << " ranks, shm segment " << shm.backing() << ", chunk "
-              << bench::cli::format_bytes(shm.opts().chunk_bytes) << ", " << reps
+              << bench::cli::format_bytes(shm.options().chunk_bytes) << ", " << reps
               << " interleaved repetitions, medians of the slowest rank\n";
   }
 

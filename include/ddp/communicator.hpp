@@ -10,10 +10,14 @@
 ///   coalesced call. All tensors of one call may have different dtypes.
 /// - `broadcast(tensors, root)`: in place, from `root`.
 /// - `allgather(in, out)`: `out.count == in.count * size()`, rank r's `in` lands at `out[r * in.count]`.
-/// - `reduce_scatter(in, out, op)`: `in.count == out.count * size()`; rank r gets block r of the reduction.
+///   `in` may be exactly that block of `out` (in place); no other overlap.
+/// - `reduce_scatter(in, out, op)`: `in.count == out.count * size()`; rank r gets block r of the
+///   reduction. `in` and `out` do not overlap.
 /// - `barrier()`.
 /// - `abort()`: pending work completes with `communication_error`; later calls throw `usage_error`.
-/// Buffers must stay alive and untouched until the returned work completed.
+/// Buffers must stay alive and untouched until the returned work completed. A call that breaks
+/// these rules (or names memory the backend cannot reach) throws `usage_error` before anything is
+/// issued; every backend checks them with the same code and messages (backend_contract.hpp).
 
 #include <concepts>
 #include <cstddef>

@@ -2,6 +2,7 @@
 /// @file dtype.hpp
 /// @brief Element types the library moves and reduces, and the 2-byte float storage types.
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,14 @@ namespace ddp {
 
 /// Element type of a tensor. f16 and bf16 are storage formats; host reductions accumulate them in f32.
 enum class dtype : std::uint8_t { f16, bf16, f32, f64, i8, u8, i32, i64 };
+
+/// Every dtype, in enumerator order: `all_dtypes[i]` is the dtype whose value is `i`. For loops
+/// over every dtype and for tables indexed by `static_cast<std::size_t>(type)`.
+inline constexpr std::array all_dtypes{dtype::f16, dtype::bf16, dtype::f32, dtype::f64,
+                                       dtype::i8,  dtype::u8,   dtype::i32, dtype::i64};
+
+/// Number of dtypes: the size of a table indexed by dtype.
+inline constexpr std::size_t dtype_count = all_dtypes.size();
 
 /// Bytes per element.
 [[nodiscard]] constexpr std::size_t size_of(dtype t) noexcept {
@@ -44,6 +53,21 @@ enum class dtype : std::uint8_t { f16, bf16, f32, f64, i8, u8, i32, i64 };
   }
   return "?";
 }
+
+namespace detail {
+/// `all_dtypes` lists the enumerators in order, without gaps.
+[[nodiscard]] constexpr bool dtypes_in_enumerator_order() noexcept {
+  for (std::size_t i = 0; i < dtype_count; ++i) {
+    if (static_cast<std::size_t>(all_dtypes[i]) != i) return false;
+  }
+  return true;
+}
+}  // namespace detail
+
+static_assert(detail::dtypes_in_enumerator_order(), "all_dtypes must list every dtype in enumerator order");
+// A new enumerator must be named in name_of (-Wswitch says so); then this fails until it is
+// appended to all_dtypes too.
+static_assert(name_of(static_cast<dtype>(dtype_count)) == "?", "all_dtypes misses a dtype");
 
 /// True for f16, bf16, f32 and f64.
 [[nodiscard]] constexpr bool is_floating(dtype t) noexcept {

@@ -3,9 +3,12 @@
 // MPI processes, gloo processes). They throw `suite_failure` instead of using Catch assertions
 // because the local backend runs them on several threads, where Catch2 v2 is not safe.
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,8 +33,7 @@ struct suite_failure : std::runtime_error {
   } while (0)
 
 inline const std::vector<ddp::dtype>& all_dtypes() {
-  static const std::vector<ddp::dtype> v{ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32, ddp::dtype::f64,
-                                         ddp::dtype::i8,  ddp::dtype::u8,   ddp::dtype::i32, ddp::dtype::i64};
+  static const std::vector<ddp::dtype> v(ddp::all_dtypes.begin(), ddp::all_dtypes.end());
   return v;
 }
 inline const std::vector<ddp::reduce_op>& all_ops() {
@@ -185,6 +187,12 @@ inline void allgather_and_reduce_scatter(ddp::communicator_ref comm) {
       expect_close(rout[i], expected_reduction(ddp::reduce_op::sum, ddp::dtype::f64, comm.size(), gi), ddp::dtype::f64,
                    "reduce_scatter n=" + std::to_string(n));
     }
+    // The in-place form (backend_contract.hpp): the input is this rank's block of the output.
+    std::vector<std::int32_t> all(n * size, -1);
+    for (std::size_t i = 0; i < n; ++i) all[static_cast<std::size_t>(comm.rank()) * n + i] = in[i];
+    const ddp::tensor_view mine = ddp::view(all).slice(static_cast<std::size_t>(comm.rank()) * n, n);
+    comm.allgather(mine, ddp::view(all)).wait();
+    SUITE_EXPECT(all == out, "in-place allgather n=" << n << " differs from the out-of-place one");
   }
 }
 
@@ -218,27 +226,94 @@ inline void large_allreduce(ddp::communicator_ref comm) {
                "large allreduce last element");
 }
 
-/// Errors every backend must detect locally, before communicating.
+/// `call()` must throw a usage_error on this rank, naming the rank, the collective (`op`, in the
+/// error's operation) and every one of `fragments` (in its text).
+template <class Call>
+void expect_usage_error(ddp::communicator_ref comm, const std::string& what, Call&& call, const std::string& op,
+                        std::initializer_list<std::string> fragments) {
+  std::string got = "no exception";
+  try {
+    call().wait();
+  } catch (const ddp::usage_error& e) {
+    got = e.what();
+    bool ok = e.rank() == comm.rank() && e.operation().find(op) != std::string::npos &&
+              got.find("rank " + std::to_string(comm.rank())) != std::string::npos;
+    for (const auto& f : fragments) ok = ok && got.find(f) != std::string::npos;
+    if (ok) return;
+  } catch (const std::exception& e) {
+    got = std::string("another exception: ") + e.what();
+  }
+  std::string want;
+  for (const auto& f : fragments) want += " \"" + f + "\"";
+  SUITE_EXPECT(false, what << ": want a usage_error on rank " << comm.rank() << " in " << op << " saying" << want
+                           << "; got: " << got);
+}
+
+/// Errors every backend must detect locally, before communicating: the checks of
+/// backend_contract.hpp, with its messages. A refused call takes no sequence number, so the
+/// collectives after it still match across ranks (checked at the end).
 inline void usage_errors(ddp::communicator_ref comm) {
+  const auto size = static_cast<std::size_t>(comm.size());
+  const std::string n_ranks = std::to_string(comm.size());
   std::vector<float> host(8);
   ddp::tensor_view on_device = ddp::view(host);
   on_device.where = ddp::device::cuda(0);
-  bool threw = false;
-  try {
-    comm.allreduce(std::span<const ddp::tensor_view>(&on_device, 1), ddp::reduce_op::sum).wait();
-  } catch (const ddp::usage_error& e) {
-    threw = std::string(e.what()).find("cuda:0") != std::string::npos && e.rank() == comm.rank();
-  }
-  SUITE_EXPECT(threw, "device memory handed to a host backend must raise usage_error naming the device and rank");
+  expect_usage_error(
+      comm, "device memory handed to a host backend",
+      [&] { return comm.allreduce(std::span<const ddp::tensor_view>(&on_device, 1), ddp::reduce_op::sum); },
+      "allreduce", {"needs host memory", "got a tensor on cuda:0"});
 
-  std::vector<float> small(3), big(5);
-  threw = false;
-  try {
-    comm.allgather(ddp::view(small), ddp::view(big)).wait();
-  } catch (const ddp::usage_error&) {
-    threw = true;
-  }
-  SUITE_EXPECT(threw || comm.size() * 3 == 5, "allgather with a wrong output size must raise usage_error");
+  const std::array<ddp::tensor_view, 2> second_on_device{ddp::view(host), on_device};
+  expect_usage_error(
+      comm, "device memory as the second tensor of a coalesced call",
+      [&] { return comm.allreduce(second_on_device, ddp::reduce_op::sum); }, "allreduce",
+      {"got a tensor on cuda:0 (tensor #1 of 2)"});
+
+  const std::array<ddp::tensor_view, 2> second_without_data{ddp::view(host),
+                                                            ddp::tensor_view{nullptr, 4, ddp::dtype::f32, {}}};
+  expect_usage_error(
+      comm, "a tensor with elements but no data pointer", [&] { return comm.broadcast(second_without_data, 0); },
+      "broadcast", {"tensor #1 of 2 has 4 elements but no data pointer"});
+
+  expect_usage_error(
+      comm, "a broadcast root that is not a rank", [&] { return comm.broadcast(host, comm.size()); }, "broadcast",
+      {"root " + n_ranks + " is not a rank of a communicator of size " + n_ranks});
+
+  std::vector<float> small(3), big(3 * size + 2);
+  expect_usage_error(
+      comm, "allgather with a wrong output size", [&] { return comm.allgather(ddp::view(small), ddp::view(big)); },
+      "allgather",
+      {"output has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
+       " (input count 3 x size " + n_ranks + ")"});
+  expect_usage_error(
+      comm, "reduce_scatter with a wrong input size",
+      [&] { return comm.reduce_scatter(ddp::view(big), ddp::view(small), ddp::reduce_op::sum); }, "reduce_scatter",
+      {"input has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
+       " (output count 3 x size " + n_ranks + ")"});
+
+  std::vector<double> wide(3 * size);
+  expect_usage_error(
+      comm, "allgather between dtypes", [&] { return comm.allgather(ddp::view(small), ddp::view(wide)); },
+      "allgather", {"input dtype f32 differs from output dtype f64"});
+
+  // Overlaps: an allgather's input may only be this rank's own block of the output; a
+  // reduce_scatter's input and output may not overlap at all.
+  std::vector<float> shared(4 * size + 4);
+  const ddp::tensor_view whole = ddp::view(shared).slice(0, 4 * size);
+  const ddp::tensor_view off_block = ddp::view(shared).slice(static_cast<std::size_t>(comm.rank()) * 4 + 1, 4);
+  expect_usage_error(
+      comm, "allgather whose input overlaps the output off its block",
+      [&] { return comm.allgather(off_block, whole); }, "allgather", {"input overlaps output"});
+  const ddp::tensor_view tail = ddp::view(shared).slice(4 * size - 2, 4);
+  expect_usage_error(
+      comm, "reduce_scatter with overlapping input and output",
+      [&] { return comm.reduce_scatter(whole, tail, ddp::reduce_op::sum); }, "reduce_scatter",
+      {"input and output overlap"});
+
+  // None of the refused calls was issued: the next collective matches on every rank.
+  std::vector<std::int64_t> one{1};
+  comm.allreduce(one, ddp::reduce_op::sum).wait();
+  SUITE_EXPECT(one[0] == comm.size(), "allreduce after refused calls: got " << one[0] << ", want " << comm.size());
 }
 
 /// Runs everything except the large case.

@@ -331,13 +331,13 @@ TEST_CASE("mpi: a collective a peer never joins times out, naming it, and is lea
 TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compare", "[mpi]") {
   auto a = ddp::mpi::communicator::world({.timeout = 7s});
   auto b = std::move(a);
-  CHECK(b.opts().timeout == 7s);
+  CHECK(b.options().timeout == 7s);
   CHECK_THROWS_AS(a.barrier(), ddp::usage_error);  // NOLINT(bugprone-use-after-move): the point of the test
   b.barrier().wait();
 
   // The ring's threshold grows with the number of peers; one rank never needs it.
   const std::size_t peers = static_cast<std::size_t>(b.size() - 1);
-  CHECK(b.ring_threshold() == (peers ? b.opts().ring_min_bytes * peers : ddp::mpi::options::never));
+  CHECK(b.ring_threshold() == (peers ? b.options().ring_min_bytes * peers : ddp::mpi::options::never));
   CHECK(ddp::mpi::communicator::world({.ring_min_bytes = ddp::mpi::options::never}).ring_threshold() ==
         ddp::mpi::options::never);
 

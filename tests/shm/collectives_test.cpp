@@ -37,7 +37,7 @@ TEST_CASE("shm: suite and size classes, POSIX segment, small chunks", "[shm][sui
 
 TEST_CASE("shm: default options (256 KiB chunks), sizes around the chunk", "[shm][suite]") {
   auto comm = ddp::shm::mpi::world();
-  const std::size_t chunk = comm.opts().chunk_bytes;
+  const std::size_t chunk = comm.options().chunk_bytes;
   REQUIRE_NOTHROW(suite::run_all(comm));
   for (ddp::dtype t : {ddp::dtype::f32, ddp::dtype::bf16, ddp::dtype::f64, ddp::dtype::i8}) {
     for (ddp::reduce_op op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::max}) {

@@ -140,7 +140,7 @@ inline void allreduce_contiguous(call_context& c, void* data, std::size_t n, dty
 }
 
 inline void run_allreduce(call_context& c, std::span<const tensor_view> views, reduce_op op) {
-  for (dtype t : {dtype::f16, dtype::bf16, dtype::f32, dtype::f64, dtype::i8, dtype::u8, dtype::i32, dtype::i64}) {
+  for (dtype t : all_dtypes) {  // dtype order: every rank makes the same gloo calls
     std::vector<const tensor_view*> group;
     std::size_t total = 0;
     for (const auto& v : views) {

@@ -25,6 +25,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/error.hpp>
 #include <ddp/gloo/collectives.hpp>
@@ -134,20 +135,14 @@ class communicator {
 
   /// In-place allreduce of `ts` (one call; dtypes may differ; one gloo call per dtype).
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
-    op_info info = make_info("allreduce", ts);
-    info.op = op;
+    const op_info info = contract::check_allreduce(caller("allreduce"), ts, op);
     std::vector<tensor_view> views(ts.begin(), ts.end());
     return issue(info, [views = std::move(views), op](detail::call_context& c) { detail::run_allreduce(c, views, op); });
   }
 
   /// In-place broadcast of `ts` from `root` (one byte-wise gloo call for all of them).
   work broadcast(std::span<const tensor_view> ts, int root) {
-    op_info info = make_info("broadcast", ts);
-    info.root = root;
-    if (root < 0 || root >= size_) {
-      throw usage_error(rank_, info.describe(),
-                        "root " + std::to_string(root) + " is not a rank of a communicator of size " + std::to_string(size_));
-    }
+    const op_info info = contract::check_broadcast(caller("broadcast"), ts, root);
     std::vector<tensor_view> views(ts.begin(), ts.end());
     return issue(info,
                  [views = std::move(views), root](detail::call_context& c) { detail::run_broadcast(c, views, root); });
@@ -155,37 +150,20 @@ class communicator {
 
   /// Rank r's `in` lands at `out[r * in.count]`; `out.count == in.count * size()`.
   work allgather(tensor_view in, tensor_view out) {
-    const tensor_view both[] = {in, out};
-    op_info info = make_info("allgather", both);
-    info.count = in.count;
-    check_same_type(info, in, out);
-    if (out.count != in.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, info.describe(), "output has " + std::to_string(out.count) +
-                                                    " elements, expected input count " + std::to_string(in.count) +
-                                                    " x size " + std::to_string(size_));
-    }
+    const op_info info = contract::check_allgather(caller("allgather"), in, out);
     return issue(info, [in, out](detail::call_context& c) { detail::run_allgather(c, in, out); });
   }
 
   /// Rank r gets block r of the reduction of `in`; `in.count == out.count * size()`. `in` is
   /// left untouched (the reduction runs on a copy).
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
-    const tensor_view both[] = {in, out};
-    op_info info = make_info("reduce_scatter", both);
-    info.count = in.count;
-    info.op = op;
-    check_same_type(info, in, out);
-    if (in.count != out.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, info.describe(), "input has " + std::to_string(in.count) +
-                                                    " elements, expected output count " + std::to_string(out.count) +
-                                                    " x size " + std::to_string(size_));
-    }
+    const op_info info = contract::check_reduce_scatter(caller("reduce_scatter"), in, out, op);
     return issue(info, [in, out, op](detail::call_context& c) { detail::run_reduce_scatter(c, in, out, op); });
   }
 
   /// Completes once every member issued it.
   work barrier() {
-    op_info info = make_info("barrier", {});
+    const op_info info = contract::check_barrier(caller("barrier"));
     return issue(info, [](detail::call_context& c) { detail::run_barrier(c); });
   }
 
@@ -218,26 +196,11 @@ class communicator {
     return *engine_;
   }
 
-  op_info make_info(const char* name, std::span<const tensor_view> views) const {
-    op_info info;
-    info.rank = rank_;
-    info.name = name;
-    if (!views.empty()) info.type = views[0].type;
-    for (const auto& v : views) {
-      info.count += v.count;
-      if (!v.where.is_host()) {
-        throw usage_error(rank_, info.describe(), "the gloo backend needs host memory, got a tensor on " + v.where.str());
-      }
-      if (v.count > 0 && v.data == nullptr) throw usage_error(rank_, info.describe(), "tensor has no data pointer");
-    }
-    return info;
-  }
-
-  void check_same_type(const op_info& info, tensor_view in, tensor_view out) const {
-    if (in.type != out.type) {
-      throw usage_error(rank_, info.describe(), "input dtype " + std::string(name_of(in.type)) +
-                                                    " differs from output dtype " + std::string(name_of(out.type)));
-    }
+  // The calling rank, for the contract checks (backend_contract.hpp); the engine sets the call's
+  // sequence number and timeout again when it queues the call.
+  contract::caller caller(const char* name) const {
+    const detail::engine& e = live(name);
+    return {rank_, size_, e.issued(), e.timeout(), contract::memory_rule::host("the gloo backend")};
   }
 
   work issue(const op_info& info, std::function<void(detail::call_context&)> body) {

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
@@ -314,40 +315,30 @@ class communicator {
   /// @throws usage_error for device memory, a null data pointer, or use after `abort()`; errors
   ///   of the collective (mismatch, peer gone, timeout) come from the returned work
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
-    return issue(detail::op_kind::allreduce, "allreduce", {ts.begin(), ts.end()}, op, -1);
+    return issue(detail::op_kind::allreduce, contract::check_allreduce(caller("allreduce"), ts, op),
+                 {ts.begin(), ts.end()});
   }
   /// @copydoc allreduce
   /// Also throws `usage_error` if `root` is not a rank of the group.
   work broadcast(std::span<const tensor_view> ts, int root) {
-    if (root < 0 || root >= size()) {
-      throw usage_error(rank_, "broadcast", "root " + std::to_string(root) + " is not a rank of a communicator of size " +
-                                                std::to_string(size()));
-    }
-    return issue(detail::op_kind::broadcast, "broadcast", {ts.begin(), ts.end()}, reduce_op::sum, root);
+    return issue(detail::op_kind::broadcast, contract::check_broadcast(caller("broadcast"), ts, root),
+                 {ts.begin(), ts.end()});
   }
   /// @copydoc allreduce
-  /// Also throws `usage_error` if `in` and `out` differ in dtype or `out.count != in.count * size()`.
+  /// Also throws `usage_error` if `in` and `out` differ in dtype, `out.count != in.count * size()`,
+  /// or they overlap other than in the in-place form (`in` is this rank's block of `out`).
   work allgather(tensor_view in, tensor_view out) {
-    check_same_type("allgather", in, out);
-    if (out.count != in.count * static_cast<std::size_t>(size())) {
-      throw usage_error(rank_, "allgather", "output has " + std::to_string(out.count) + " elements, expected input count " +
-                                                std::to_string(in.count) + " x size " + std::to_string(size()));
-    }
-    return issue(detail::op_kind::allgather, "allgather", {in, out}, reduce_op::sum, -1);
+    return issue(detail::op_kind::allgather, contract::check_allgather(caller("allgather"), in, out), {in, out});
   }
   /// @copydoc allreduce
-  /// Also throws `usage_error` if `in` and `out` differ in dtype or `in.count != out.count * size()`.
+  /// Also throws `usage_error` if `in` and `out` differ in dtype, `in.count != out.count * size()`,
+  /// or they overlap.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
-    check_same_type("reduce_scatter", in, out);
-    if (in.count != out.count * static_cast<std::size_t>(size())) {
-      throw usage_error(rank_, "reduce_scatter", "input has " + std::to_string(in.count) +
-                                                     " elements, expected output count " + std::to_string(out.count) +
-                                                     " x size " + std::to_string(size()));
-    }
-    return issue(detail::op_kind::reduce_scatter, "reduce_scatter", {in, out}, op, -1);
+    return issue(detail::op_kind::reduce_scatter, contract::check_reduce_scatter(caller("reduce_scatter"), in, out, op),
+                 {in, out});
   }
   /// @copydoc allreduce
-  work barrier() { return issue(detail::op_kind::barrier, "barrier", {}, reduce_op::sum, -1); }
+  work barrier() { return issue(detail::op_kind::barrier, contract::check_barrier(caller("barrier")), {}); }
 
   /// Marks this rank gone: pending calls of every rank fail with communication_error, later calls
   /// of this rank throw usage_error.
@@ -362,11 +353,10 @@ class communicator {
   [[nodiscard]] std::uint64_t issued() const noexcept { return seq_; }
 
  private:
-  void check_same_type(const char* op, tensor_view in, tensor_view out) const {
-    if (in.type != out.type) {
-      throw usage_error(rank_, op, "input dtype " + std::string(name_of(in.type)) + " differs from output dtype " +
-                                       std::string(name_of(out.type)));
-    }
+  // The calling rank, for the contract checks (backend_contract.hpp); refuses every call after abort().
+  contract::caller caller(const char* name) const {
+    if (aborted_) throw usage_error(rank_, name, "communicator used after abort()");
+    return {rank_, size(), seq_, g_->opts.timeout, contract::memory_rule::host("the local backend")};
   }
 
   void mark_dead(const std::string& why) {
@@ -374,30 +364,8 @@ class communicator {
     g_->fail_pending("rank " + std::to_string(rank_) + " " + why);
   }
 
-  work issue(detail::op_kind kind, const char* name, std::vector<tensor_view> views, reduce_op op, int root) {
-    if (aborted_) throw usage_error(rank_, name, "communicator used after abort()");
-    op_info info;
-    info.rank = rank_;
-    info.name = name;
-    info.seq = seq_;
-    info.op = op;
-    info.root = root;
-    info.timeout = g_->opts.timeout;
-    for (const auto& v : views) {
-      if (!v.where.is_host()) {
-        throw usage_error(rank_, info.describe(),
-                          "the local backend needs host memory, got a tensor on " + v.where.str());
-      }
-      if (v.count > 0 && v.data == nullptr) throw usage_error(rank_, info.describe(), "tensor has no data pointer");
-    }
-    if (!views.empty()) {
-      const bool gather_like = kind == detail::op_kind::allgather || kind == detail::op_kind::reduce_scatter;
-      info.type = views[0].type;
-      info.count = gather_like ? views[0].count : 0;
-      if (!gather_like) {
-        for (const auto& v : views) info.count += v.count;
-      }
-    }
+  // Issues a call that passed its contract check (`info`): the rank that arrives last runs it.
+  work issue(detail::op_kind kind, const op_info& info, std::vector<tensor_view> views) {
     apply_faults(info);
     ++seq_;
 

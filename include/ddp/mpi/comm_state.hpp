@@ -40,8 +40,8 @@ class comm_state {
  public:
   /// Duplicates `parent` and sets up everything the collectives need. Collective over `parent`.
   /// Communication failures are also recorded in `failures` (an environment's), if not null.
-  comm_state(MPI_Comm parent, const options& opts, std::shared_ptr<failure_record> failures = nullptr)
-      : opts_(opts), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
+  comm_state(MPI_Comm parent, const mpi::options& opts, std::shared_ptr<failure_record> failures = nullptr)
+      : options_(opts), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
     constexpr const char* where = "mpi::communicator";
     if (!mpi_running()) {
       throw usage_error(-1, where, "MPI is not running: create a ddp::mpi::environment (or call MPI_Init_thread) first");
@@ -95,13 +95,14 @@ class comm_state {
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] const options& opts() const noexcept { return opts_; }
+  [[nodiscard]] const mpi::options& options() const noexcept { return options_; }
   [[nodiscard]] const type_table& types() const noexcept { return types_; }
   /// Allreduce groups of at least this many bytes run the ring (see options::ring_min_bytes).
   [[nodiscard]] std::size_t ring_threshold() const noexcept {
-    if (size_ < 2 || opts_.ring_min_bytes == options::never) return options::never;
+    if (size_ < 2 || options_.ring_min_bytes == mpi::options::never) return mpi::options::never;
     const auto peers = static_cast<std::size_t>(size_ - 1);
-    return opts_.ring_min_bytes > options::never / peers ? options::never : opts_.ring_min_bytes * peers;
+    if (options_.ring_min_bytes > mpi::options::never / peers) return mpi::options::never;
+    return options_.ring_min_bytes * peers;
   }
   /// Thread level in effect: what MPI provides, capped by `options::max_thread_level`.
   [[nodiscard]] thread_level level() const noexcept { return level_; }
@@ -230,7 +231,7 @@ class comm_state {
   [[nodiscard]] std::mutex& mutex() const noexcept { return mutex_; }
 
  private:
-  options opts_;
+  mpi::options options_;
   std::thread::id owner_;
   thread_level level_ = thread_level::single;
   MPI_Comm comm_ = MPI_COMM_NULL;

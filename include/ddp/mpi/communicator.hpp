@@ -35,7 +35,9 @@
 #include <string>
 #include <utility>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
+#include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/environment.hpp>
@@ -53,22 +55,24 @@ namespace ddp::mpi {
 class communicator {
  public:
   /// Duplicates `comm` (collective over it). Throws `usage_error` if MPI is not running.
-  explicit communicator(MPI_Comm comm, options opts = {})
+  explicit communicator(MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
 
   /// As above, made with `env`: a communication failure of this communicator (an MPI error, a
   /// timed-out wait, `abort()`) is recorded in `env`, whose destructor then does not block in
   /// MPI_Finalize even if the program caught the error. `env` need not outlive it.
-  communicator(const environment& env, MPI_Comm comm, options opts = {})
+  communicator(const environment& env, MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts, env.failures_)),
         rank_(state_->rank()),
         size_(state_->size()) {}
 
   /// A communicator over all processes (duplicates MPI_COMM_WORLD).
-  [[nodiscard]] static communicator world(options opts = {}) { return communicator(MPI_COMM_WORLD, std::move(opts)); }
+  [[nodiscard]] static communicator world(mpi::options opts = {}) {
+    return communicator(MPI_COMM_WORLD, std::move(opts));
+  }
 
   /// A communicator over all processes, made with `env` (see the constructor).
-  [[nodiscard]] static communicator world(const environment& env, options opts = {}) {
+  [[nodiscard]] static communicator world(const environment& env, mpi::options opts = {}) {
     return communicator(env, MPI_COMM_WORLD, std::move(opts));
   }
 
@@ -85,8 +89,11 @@ class communicator {
   [[nodiscard]] int rank() const { return rank_; }
   /// Number of processes.
   [[nodiscard]] int size() const { return size_; }
-  /// The options it was built with.
-  [[nodiscard]] const options& opts() const { return live("options").opts(); }
+  /// The options it was built with. (`mpi::options` names the type inside this class, where
+  /// `options` is this function.)
+  [[nodiscard]] const mpi::options& options() const { return live("options").options(); }
+  /// Former name of `options()`.
+  [[deprecated("use options()")]] [[nodiscard]] const mpi::options& opts() const { return options(); }
   /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
   [[nodiscard]] thread_level threads() const { return live("threads").level(); }
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
@@ -101,7 +108,7 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
     detail::comm_state& s = begin("allreduce");
-    op_info info = make_info(s, "allreduce", tensors, op, -1);
+    op_info info = contract::check_allreduce(caller(s), tensors, op);
     info.seq = s.next_seq();
     if (info.count == 0) return work::ready();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
@@ -116,11 +123,7 @@ class communicator {
   /// In-place broadcast of `tensors` from `root` (one coalesced call).
   work broadcast(std::span<const tensor_view> tensors, int root) {
     detail::comm_state& s = begin("broadcast");
-    if (root < 0 || root >= size_) {
-      throw usage_error(rank_, "broadcast", "root " + std::to_string(root) +
-                                                " is not a rank of a communicator of size " + std::to_string(size_));
-    }
-    op_info info = make_info(s, "broadcast", tensors, reduce_op::sum, root);
+    op_info info = contract::check_broadcast(caller(s), tensors, root);
     info.seq = s.next_seq();
     if (info.count == 0) return work::ready();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
@@ -157,18 +160,8 @@ class communicator {
   /// that slice of `out` (in-place allgather); other overlaps are rejected.
   work allgather(tensor_view in, tensor_view out) {
     detail::comm_state& s = begin("allgather");
-    check_pair(s, "allgather", in, out);
-    if (out.count != in.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, "allgather", "output has " + std::to_string(out.count) +
-                                                " elements, expected input count " + std::to_string(in.count) +
-                                                " x size " + std::to_string(size_));
-    }
-    const std::array<tensor_view, 1> views{in};
-    op_info info = make_info(s, "allgather", views, reduce_op::sum, -1);
-    const bool in_place = in.data == out.byte_data() + static_cast<std::size_t>(rank_) * in.bytes();
-    if (!in_place && overlap(in, out)) {
-      throw usage_error(rank_, info.describe(), "input overlaps output other than at this rank's block");
-    }
+    op_info info = contract::check_allgather(caller(s), in, out);
+    const bool in_place = contract::is_in_place_allgather(rank_, in, out);
     check_count(info, in.count);
     info.seq = s.next_seq();
     if (in.count == 0) return work::ready();
@@ -187,15 +180,7 @@ class communicator {
   /// `in.count == out.count * size()`; rank r gets block r of the reduction. No overlap allowed.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     detail::comm_state& s = begin("reduce_scatter");
-    check_pair(s, "reduce_scatter", in, out);
-    if (in.count != out.count * static_cast<std::size_t>(size_)) {
-      throw usage_error(rank_, "reduce_scatter", "input has " + std::to_string(in.count) +
-                                                     " elements, expected output count " + std::to_string(out.count) +
-                                                     " x size " + std::to_string(size_));
-    }
-    const std::array<tensor_view, 1> views{in};
-    op_info info = make_info(s, "reduce_scatter", views, op, -1);
-    if (overlap(in, out)) throw usage_error(rank_, info.describe(), "input and output overlap");
+    op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
     check_count(info, out.count);
     info.seq = s.next_seq();
     if (out.count == 0) return work::ready();
@@ -214,7 +199,7 @@ class communicator {
   /// Completes once every rank called it.
   work barrier() {
     detail::comm_state& s = begin("barrier");
-    op_info info = make_info(s, "barrier", {}, reduce_op::sum, -1);
+    op_info info = contract::check_barrier(caller(s));
     info.seq = s.next_seq();
     auto w = std::make_unique<detail::mpi_work>(state_, info);
     int rc = MPI_SUCCESS;
@@ -270,38 +255,11 @@ class communicator {
     return *state_;
   }
 
-  // Describes the call and checks every tensor is host memory with data.
-  op_info make_info(const detail::comm_state& s, const char* name, std::span<const tensor_view> tensors, reduce_op op,
-                    int root) const {
-    op_info info;
-    info.rank = rank_;
-    info.name = name;
-    info.seq = s.peek_seq();
-    info.op = op;
-    info.root = root;
-    info.timeout = s.opts().timeout;
-    if (!tensors.empty()) info.type = tensors[0].type;
-    for (const tensor_view& t : tensors) info.count += t.count;
-    for (const tensor_view& t : tensors) {
-      if (!t.where.is_host()) [[unlikely]] {
-        throw usage_error(rank_, info.describe(),
-                          "the MPI backend needs host memory, got a tensor on " + t.where.str() +
-                              " (ddp does not assume a CUDA-aware MPI)");
-      }
-      if (t.count > 0 && t.data == nullptr) [[unlikely]] {
-        throw usage_error(rank_, info.describe(), "tensor has no data pointer");
-      }
-    }
-    return info;
-  }
-
-  void check_pair(const detail::comm_state& s, const char* name, tensor_view in, tensor_view out) const {
-    if (in.type != out.type) {
-      throw usage_error(rank_, name, "input dtype " + std::string(name_of(in.type)) + " differs from output dtype " +
-                                         std::string(name_of(out.type)));
-    }
-    const std::array<tensor_view, 2> both{in, out};
-    (void)make_info(s, name, both, reduce_op::sum, -1);  // host memory, data pointers
+  // The calling rank, for the contract checks (backend_contract.hpp): the call would get the next
+  // sequence number; host memory only.
+  contract::caller caller(const detail::comm_state& s) const {
+    return {rank_, size_, s.peek_seq(), s.options().timeout,
+            contract::memory_rule::host("the MPI backend", "ddp does not assume a CUDA-aware MPI")};
   }
 
   void check_count(const op_info& info, std::size_t per_rank) const {
@@ -310,13 +268,6 @@ class communicator {
                         std::to_string(per_rank) + " elements per rank exceed MPI's limit of " +
                             std::to_string(max_count) + "; split the tensor");
     }
-  }
-
-  static bool overlap(tensor_view a, tensor_view b) noexcept {
-    if (a.count == 0 || b.count == 0) return false;
-    const auto* a0 = a.byte_data();
-    const auto* b0 = b.byte_data();
-    return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
   }
 
   // Allreduce of one contiguous region in place: ring or MPI_Iallreduce (in chunks of at most
@@ -347,10 +298,9 @@ class communicator {
   // in dtype order, which every rank derives from the same call.
   void allreduce_grouped(detail::comm_state& s, detail::mpi_work& w, std::span<const tensor_view> tensors,
                          reduce_op op) {
-    constexpr std::size_t kinds = 8;
-    std::array<std::size_t, kinds> counts{};
-    std::array<std::size_t, kinds> members{};
-    std::array<const tensor_view*, kinds> lone{};
+    std::array<std::size_t, dtype_count> counts{};
+    std::array<std::size_t, dtype_count> members{};
+    std::array<const tensor_view*, dtype_count> lone{};
     for (const tensor_view& t : tensors) {
       if (t.count == 0) continue;
       const auto k = static_cast<std::size_t>(t.type);
@@ -358,7 +308,7 @@ class communicator {
       ++members[k];
       lone[k] = &t;
     }
-    for (std::size_t k = 0; k < kinds; ++k) {
+    for (std::size_t k = 0; k < dtype_count; ++k) {
       if (members[k] == 0) continue;
       if (members[k] == 1) {
         allreduce_region(s, w, *lone[k], op);

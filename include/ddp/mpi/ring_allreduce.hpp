@@ -47,7 +47,7 @@ class ring_allreduce {
         tag_(comm.tag_for(info.seq, stream)) {
     // Every rank derives the same segmentation from (count, ranks, options): the options must
     // agree across ranks, like the calls themselves.
-    const std::size_t seg_bytes = std::clamp<std::size_t>(comm.opts().ring_segment_bytes, elem_, INT_MAX);
+    const std::size_t seg_bytes = std::clamp<std::size_t>(comm.options().ring_segment_bytes, elem_, INT_MAX);
     const std::size_t largest_block = block_of(0).count;
     seg_elems_ = std::max<std::size_t>(1, std::min(seg_bytes / elem_, largest_block));
     scratch_ = comm.take_scratch(2 * seg_elems_ * elem_, scratch_capacity_);

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/collective_work.hpp>
@@ -145,8 +146,7 @@ class communicator {
   /// @pre every tensor is CUDA memory on `device()`
   /// @throws usage_error on a tensor elsewhere, or after abort()
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
-    const op_info info = describe("allreduce", ts, op, -1);
-    for (const tensor_view& t : ts) require_on_device(t, device(), info);
+    const op_info info = contract::check_allreduce(caller(), ts, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
         check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), to_nccl(op), comm, stream()), rank(),
@@ -158,13 +158,7 @@ class communicator {
   /// In-place broadcast from `root`; several tensors are coalesced into one NCCL group.
   /// @throws usage_error on a bad root, a tensor elsewhere, or after abort()
   work broadcast(std::span<const tensor_view> ts, int root) {
-    const op_info info = describe("broadcast", ts, reduce_op::sum, root);
-    if (root < 0 || root >= size()) {
-      throw usage_error(rank(), info.describe(),
-                        "root " + std::to_string(root) + " is not a rank of a communicator of size " +
-                            std::to_string(size()));
-    }
-    for (const tensor_view& t : ts) require_on_device(t, device(), info);
+    const op_info info = contract::check_broadcast(caller(), ts, root);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
         check_nccl(ncclBroadcast(t.data, t.data, t.count, to_nccl(t.type), root, comm, stream()), rank(), what,
@@ -175,11 +169,10 @@ class communicator {
 
   /// `out.count == in.count * size()`; rank r's `in` lands at `out[r * in.count]`. `in` may be
   /// that very block of `out` (NCCL's in-place form); other overlaps are not allowed.
-  /// @throws usage_error on a dtype or size mismatch, a tensor elsewhere, or after abort()
+  /// @throws usage_error on a dtype or size mismatch, another overlap, a tensor elsewhere, or
+  ///   after abort()
   work allgather(tensor_view in, tensor_view out) {
-    const std::array<tensor_view, 1> first{in};
-    const op_info info = describe("allgather", first, reduce_op::sum, -1);
-    check_blocks(info, in, out, "input", "output");
+    const op_info info = contract::check_allgather(caller(), in, out);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (in.count == 0) return;
       check_nccl(ncclAllGather(in.data, out.data, in.count, to_nccl(in.type), comm, stream()), rank(), what,
@@ -187,12 +180,12 @@ class communicator {
     });
   }
 
-  /// `in.count == out.count * size()`; rank r receives block r of the reduction.
-  /// @throws usage_error on a dtype or size mismatch, a tensor elsewhere, or after abort()
+  /// `in.count == out.count * size()`; rank r receives block r of the reduction. `in` and `out`
+  /// must not overlap (as on every backend: NCCL's own in-place form is not part of the contract).
+  /// @throws usage_error on a dtype or size mismatch, overlapping tensors, a tensor elsewhere, or
+  ///   after abort()
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
-    const std::array<tensor_view, 1> first{in};
-    const op_info info = describe("reduce_scatter", first, op, -1);
-    check_blocks(info, out, in, "output", "input");
+    const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (out.count == 0) return;
       check_nccl(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), comm, stream()),
@@ -203,7 +196,7 @@ class communicator {
   /// A one-element allreduce on a device scratch buffer: completes once every rank reached it
   /// (on the device, in stream order).
   work barrier() {
-    const op_info info = describe("barrier", {}, reduce_op::sum, -1);
+    const op_info info = contract::check_barrier(caller());
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       check_nccl(ncclAllReduce(state_->barrier_buffer, state_->barrier_buffer, 1, ncclInt32, ncclSum, comm, stream()),
                  rank(), what, "ncclAllReduce", comm);
@@ -292,37 +285,8 @@ class communicator {
  private:
   explicit communicator(std::shared_ptr<detail::comm_state> state) : state_(std::move(state)) {}
 
-  [[nodiscard]] op_info describe(const char* name, std::span<const tensor_view> ts, reduce_op op, int root) const {
-    op_info info;
-    info.rank = rank();
-    info.name = name;
-    info.seq = seq_;
-    info.op = op;
-    info.root = root;
-    info.timeout = timeout();
-    if (!ts.empty()) info.type = ts.front().type;
-    for (const tensor_view& t : ts) info.count += t.count;
-    return info;
-  }
-
-  // Checks an allgather/reduce_scatter pair: same dtype, both on the device, and
-  // `big.count == small.count * size()` (allgather: small = in; reduce_scatter: small = out).
-  void check_blocks(const op_info& info, const tensor_view& small, const tensor_view& big, const char* small_name,
-                    const char* big_name) const {
-    if (small.type != big.type) {
-      throw usage_error(rank(), info.describe(),
-                        std::string(small_name) + " dtype " + std::string(name_of(small.type)) + " differs from " +
-                            big_name + " dtype " + std::string(name_of(big.type)));
-    }
-    if (big.count != small.count * static_cast<std::size_t>(size())) {
-      throw usage_error(rank(), info.describe(),
-                        std::string(big_name) + " has " + std::to_string(big.count) + " elements, expected " +
-                            small_name + " count " + std::to_string(small.count) + " x size " +
-                            std::to_string(size()));
-    }
-    require_on_device(small, device(), info);
-    require_on_device(big, device(), info);
-  }
+  // The calling rank, for the contract checks (backend_contract.hpp): CUDA memory on device() only.
+  [[nodiscard]] contract::caller caller() const { return {rank(), size(), seq_, timeout(), memory_on(device())}; }
 
   // Enqueues one call per non-empty tensor; more than one go into an NCCL group.
   template <class Enqueue>

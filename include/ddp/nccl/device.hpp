@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/device.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/error.hpp>
@@ -84,16 +85,17 @@ class device_guard {
   int previous_ = 0;
 };
 
+/// The memory the NCCL backend's collectives accept: CUDA memory of the communicator's `device`.
+[[nodiscard]] constexpr contract::memory_rule memory_on(int device) noexcept {
+  return contract::memory_rule::cuda(device, "the NCCL backend", "the communicator's device");
+}
+
 /// Checks that a collective's tensor is CUDA memory on the communicator's device (as declared by
-/// the tensor's traits) and has data if it has elements.
+/// the tensor's traits) and has data if it has elements: `contract::check_memory` with
+/// `memory_on(device)`.
 /// @throws usage_error naming the rank, the operation and both devices
 inline void require_on_device(const tensor_view& t, int device, const op_info& info) {
-  if (t.where != ddp::device::cuda(device)) {
-    throw usage_error(info.rank, info.describe(),
-                      "the NCCL backend needs CUDA memory on " + ddp::device::cuda(device).str() +
-                          " (the communicator's device), got a tensor on " + t.where.str());
-  }
-  if (t.count > 0 && t.data == nullptr) throw usage_error(info.rank, info.describe(), "tensor has no data pointer");
+  contract::check_memory(info, memory_on(device), t);
 }
 
 }  // namespace ddp::nccl

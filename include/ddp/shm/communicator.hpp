@@ -47,8 +47,10 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/host_reduce.hpp>
+#include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/shm/arena.hpp>
@@ -91,7 +93,7 @@ class communicator {
   /// several nodes need a leaders' communicator: use the constructor taking `make_leaders`.
   /// @throws segment_error (on every rank) if shared memory cannot be created or mapped
   /// @throws usage_error if the ranks span several nodes
-  explicit communicator(Inner inner, options opts = {})
+  explicit communicator(Inner inner, shm::options opts = {})
       : communicator(std::move(inner), std::move(opts), [](const node_topology&) { return std::optional<Cross>{}; }) {}
 
   /// As above; on each node leader, when there are several nodes, `make_leaders(topology)`
@@ -99,7 +101,7 @@ class communicator {
   /// One more allgather checks every leader got one.
   template <class MakeLeaders>
     requires std::is_invocable_r_v<std::optional<Cross>, MakeLeaders&, const node_topology&>
-  communicator(Inner inner, options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
+  communicator(Inner inner, shm::options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
     check_options(opts, inner_.rank());
     node_parts<Cross> parts;
     parts.topology = detect_topology(inner_, opts.node_of_rank);
@@ -115,7 +117,7 @@ class communicator {
   }
 
   /// Assembles a communicator from parts made elsewhere (a backend factory). Not collective.
-  communicator(Inner inner, options opts, node_parts<Cross> parts) : inner_(std::move(inner)) {
+  communicator(Inner inner, shm::options opts, node_parts<Cross> parts) : inner_(std::move(inner)) {
     check_options(opts, inner_.rank());
     if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
       if (auto problem = leaders_problem(parts.topology, parts.leaders); !problem.empty()) {
@@ -143,9 +145,9 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
   /// memory. Complete on return (see the file comment).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
-    op_info info = describe_call(tensors, op);
     live("allreduce");
     std::lock_guard lk(s_->mutex);
+    op_info info = contract::check_allreduce(caller(), tensors, op);
     if (s_->broken.load()) {
       throw usage_error(rank(), info.describe(),
                         "communicator used after abort(), close() or a failed shared-memory collective");
@@ -239,8 +241,11 @@ class communicator {
 
   /// Which ranks share this rank's node.
   [[nodiscard]] const node_topology& topology() const noexcept { return s_->topology; }
-  /// The options every rank agreed on.
-  [[nodiscard]] const options& opts() const noexcept { return s_->opts; }
+  /// The options every rank agreed on. (`shm::options` names the type inside this class, where
+  /// `options` is this function.)
+  [[nodiscard]] const shm::options& options() const noexcept { return s_->opts; }
+  /// Former name of `options()`.
+  [[deprecated("use options()")]] [[nodiscard]] const shm::options& opts() const noexcept { return options(); }
   /// The wrapped communicator (it carries every collective this one does not accelerate).
   [[nodiscard]] Inner& inner() noexcept { return inner_; }
   /// The wrapped communicator.
@@ -254,7 +259,7 @@ class communicator {
 
  private:
   struct state {
-    options opts;
+    shm::options opts;
     node_topology topology;
     std::shared_ptr<segment> shared;
     std::optional<node_engine> engine;
@@ -268,7 +273,7 @@ class communicator {
     if (!s_) throw usage_error(-1, what, "use of a moved-from shm::communicator");
   }
 
-  static void check_options(const options& o, int rank) {
+  static void check_options(const shm::options& o, int rank) {
     if (o.chunk_bytes == 0) throw usage_error(rank, "shm::communicator", "options::chunk_bytes must be positive");
   }
 
@@ -298,7 +303,7 @@ class communicator {
     }
   }
 
-  void assemble(options opts, node_parts<Cross> parts) {
+  void assemble(shm::options opts, node_parts<Cross> parts) {
     s_ = std::make_unique<state>();
     s_->opts = std::move(opts);
     s_->topology = std::move(parts.topology);
@@ -324,28 +329,15 @@ class communicator {
     }
   }
 
-  op_info describe_call(std::span<const tensor_view> tensors, reduce_op op) const {
-    op_info info;
-    info.rank = rank();
-    info.name = "allreduce";
-    info.seq = s_ ? s_->seq : 0;
-    info.op = op;
-    info.timeout = s_ ? s_->opts.timeout : default_timeout;
-    if (!tensors.empty()) info.type = tensors[0].type;
-    for (const tensor_view& t : tensors) {
-      info.count += t.count;
-      if (!t.where.is_host()) {
-        throw usage_error(rank(), info.describe(),
-                          "the shared-memory allreduce needs host memory, got a tensor on " + t.where.str());
-      }
-      if (t.count > 0 && t.data == nullptr) throw usage_error(rank(), info.describe(), "tensor has no data pointer");
-    }
-    return info;
+  // The calling rank, for the allreduce's contract check (backend_contract.hpp). Caller holds
+  // the mutex (it guards the sequence number).
+  contract::caller caller() const {
+    return {rank(), size(), s_->seq, s_->opts.timeout, contract::memory_rule::host("the shared-memory allreduce")};
   }
 
   // One group per dtype (in dtype order, which every rank derives from the same call).
   std::vector<tensor_group> groups_of(std::span<const tensor_view> tensors) const {
-    std::array<tensor_group, 8> by_type{};
+    std::array<tensor_group, dtype_count> by_type{};
     for (const tensor_view& t : tensors) {
       if (t.count == 0) continue;
       auto& g = by_type[static_cast<std::size_t>(t.type)];

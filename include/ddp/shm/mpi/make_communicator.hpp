@@ -5,7 +5,6 @@
 /// segment an MPI-3 shared window (or POSIX shared memory), and the node leaders' communicator
 /// split off for the hierarchical path. Link `ddp::mpi`.
 
-#if __has_include(<mpi.h>)
 #include <mpi.h>
 
 #include <climits>
@@ -44,9 +43,11 @@ enum class segment_backing : unsigned char {
 /// MPI-specific set-up knobs.
 struct setup_options {
   ::ddp::mpi::options inner{};  ///< options of the wrapped and the leaders' MPI communicators
-  segment_backing backing = segment_backing::window;
+  segment_backing backing = segment_backing::window;  ///< where the node's segment lives
 
+  /// Memberwise.
   friend bool operator==(const setup_options&, const setup_options&) = default;
+  /// Writes `{inner: ..., backing: window|posix}`.
   friend std::ostream& operator<<(std::ostream& os, const setup_options& o) {
     return os << "{inner: " << o.inner << ", backing: " << (o.backing == segment_backing::window ? "window" : "posix")
               << "}";
@@ -166,5 +167,3 @@ inline void check(int code, int rank, const char* call) {
 
 }  // namespace mpi
 }  // namespace ddp::shm
-
-#endif  // __has_include(<mpi.h>)

@@ -8,7 +8,6 @@
 /// of the node (`shm::communicator::close()` does), or the window stays mapped until the process
 /// ends. A destructor that waited for peers could hang a rank whose peers died.
 
-#if __has_include(<mpi.h>)
 #include <mpi.h>
 
 #include <cstddef>
@@ -22,6 +21,8 @@
 
 namespace ddp::shm::mpi {
 
+/// A node's segment in an MPI-3 shared window: allocated by node rank 0, mapped by every rank of
+/// the node, freed only by `close()` (see the file comment).
 class window_segment final : public segment {
  public:
   /// Allocates `bytes` on node rank 0 of `node_comm`, contiguous, and maps it on every rank.
@@ -84,6 +85,7 @@ class window_segment final : public segment {
     win_ = MPI_WIN_NULL;
   }
 
+  /// "mpi window".
   [[nodiscard]] const char* backing() const noexcept override { return "mpi window"; }
 
  private:
@@ -101,5 +103,3 @@ class window_segment final : public segment {
 };
 
 }  // namespace ddp::shm::mpi
-
-#endif  // __has_include(<mpi.h>)
