@@ -43,7 +43,7 @@ class backoff {
  private:
   // About 10-50 ms of yielding before sleeping: a peer descheduled by an oversubscribed kernel
   // comes back within a time slice; a peer gone for longer is computing, not racing us.
-  static constexpr unsigned yields_before_sleep = 20000;
+  static constexpr unsigned yields_before_sleep = 200;
   unsigned spin_limit_;
   unsigned steps_ = 0;
 };
