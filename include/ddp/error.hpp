@@ -16,12 +16,18 @@ class error : public std::runtime_error {
   /// @param operation  what was being done ("allreduce #12", "Bucketer::mark_ready", ...)
   /// @param message    what was wrong
   error(int rank, std::string operation, const std::string& message)
-      : std::runtime_error(format(rank, operation, message)), rank_(rank), operation_(std::move(operation)) {}
+      : std::runtime_error(format(rank, operation, message)),
+        rank_(rank),
+        operation_(std::move(operation)),
+        message_(message) {}
 
   /// Rank that detected the error; -1 if not known.
   [[nodiscard]] int rank() const noexcept { return rank_; }
   /// Operation the error happened in ("allreduce #12", ...); may be empty.
   [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
+  /// What was wrong, without the "ddp: rank r, <operation>: " prefix of `what()`: for nesting
+  /// this error in another one's message without repeating who and where.
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
 
  private:
   static std::string format(int rank, const std::string& operation, const std::string& message) {
@@ -34,6 +40,7 @@ class error : public std::runtime_error {
 
   int rank_;
   std::string operation_;
+  std::string message_;
 };
 
 /// A collective failed in the transport: a peer died or aborted, the backend returned an error,

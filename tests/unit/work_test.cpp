@@ -207,3 +207,14 @@ TEST_CASE("work::all fails with the first error; the others are abandoned", "[wo
   CHECK(ms_since(start) < 250);  // an error is reported at once, not after the other part's timeout
   CHECK(abandoned == 2);
 }
+
+TEST_CASE("error: what() says rank and operation, message() only what was wrong", "[unit][error]") {
+  const ddp::timeout_error e(3, "allreduce #12", "waited 400 ms");
+  CHECK(std::string(e.what()) == "ddp: rank 3, allreduce #12: waited 400 ms");
+  CHECK(e.message() == "waited 400 ms");
+  CHECK(e.rank() == 3);
+  CHECK(e.operation() == "allreduce #12");
+  const ddp::usage_error unknown(-1, "", "no communicator yet");
+  CHECK(std::string(unknown.what()) == "ddp: rank ?: no communicator yet");
+  CHECK(unknown.message() == "no communicator yet");
+}

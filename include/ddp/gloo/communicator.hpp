@@ -185,7 +185,7 @@ class communicator {
   [[noreturn]] static void rethrow_as_connect_error(const ddp::error& e, int rank, int size) {
     const std::string op = "gloo connect (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
     // Keep the type and the message; say who we are once.
-    const std::string what = detail::bare_message(e);
+    const std::string& what = e.message();
     if (dynamic_cast<const timeout_error*>(&e)) throw timeout_error(rank, op, what);
     if (dynamic_cast<const usage_error*>(&e)) throw usage_error(rank, op, what);
     throw communication_error(rank, op, what);

@@ -24,22 +24,13 @@
 
 namespace ddp::gloo::detail {
 
-/// The message of a ddp error without its "ddp: rank r, <operation>: " prefix, for nesting it
-/// in another error's message without repeating who and where.
-[[nodiscard]] inline std::string bare_message(const ddp::error& e) {
-  std::string what = e.what();
-  const std::string prefix = "ddp: " + (e.rank() >= 0 ? "rank " + std::to_string(e.rank()) : std::string("rank ?")) +
-                             (e.operation().empty() ? "" : ", " + e.operation()) + ": ";
-  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
-  return what;
-}
-
-/// The message of any exception, bare if it is a ddp error.
+/// The message of any exception, without the "ddp: rank r, <operation>: " prefix if it is a ddp
+/// error (`error::message()`).
 [[nodiscard]] inline std::string bare_message(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const ddp::error& x) {
-    return bare_message(x);
+    return x.message();
   } catch (const std::exception& x) {
     return x.what();
   } catch (...) {

@@ -74,7 +74,7 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
       std::string who;
       for (const auto& k : keys) who += (who.empty() ? "" : ", ") + member_of(k);
       throw timeout_error(rank_, "gloo connect",
-                          who + " did not publish its address within the connect timeout (" + bare_message(e) + ")");
+                          who + " did not publish its address within the connect timeout (" + e.message() + ")");
     }
   }
 
