@@ -179,18 +179,33 @@ inline void check_memory(const op_info& info, const memory_rule& memory, tensor_
   return info;
 }
 
+namespace detail {
+/// The common part of allgather and reduce_scatter: one input and one output of the same dtype,
+/// one of them a block (`in_is_block`: the input) and the other `size` blocks, both in memory the
+/// backend accepts. Describes the call by its input.
+[[nodiscard]] inline op_info check_block_collective(const caller& c, const char* name, reduce_op op, tensor_view in,
+                                                    tensor_view out, bool in_is_block) {
+  op_info info = start_info(c, name, op, -1);
+  info.type = in.type;
+  info.count = in.count;
+  check_same_dtype(info, in, out);
+  if (in_is_block) {
+    check_block_count(info, c.size, in, "input", out, "output");
+  } else {
+    check_block_count(info, c.size, out, "output", in, "input");
+  }
+  check_memory(info, c.memory, in, "input");
+  check_memory(info, c.memory, out, "output");
+  return info;
+}
+}  // namespace detail
+
 /// Checks an allgather (`out.count == in.count * size`; rank r's `in` lands at
 /// `out[r * in.count]`) and describes it by its input.
 /// @throws usage_error on a dtype or size mismatch, an overlap other than the in-place form, or
 ///   as `check_memory`
 [[nodiscard]] inline op_info check_allgather(const caller& c, tensor_view in, tensor_view out) {
-  op_info info = detail::start_info(c, "allgather", reduce_op::sum, -1);
-  info.type = in.type;
-  info.count = in.count;
-  detail::check_same_dtype(info, in, out);
-  detail::check_block_count(info, c.size, in, "input", out, "output");
-  check_memory(info, c.memory, in, "input");
-  check_memory(info, c.memory, out, "output");
+  op_info info = detail::check_block_collective(c, "allgather", reduce_op::sum, in, out, /*in_is_block=*/true);
   if (overlap(in, out) && !is_in_place_allgather(c.rank, in, out)) {
     throw usage_error(c.rank, info.describe(),
                       "input overlaps output other than as this rank's block of it (the in-place form, input = "
@@ -204,13 +219,7 @@ inline void check_memory(const op_info& info, const memory_rule& memory, tensor_
 /// @throws usage_error on a dtype or size mismatch, overlapping input and output, or as
 ///   `check_memory`
 [[nodiscard]] inline op_info check_reduce_scatter(const caller& c, tensor_view in, tensor_view out, reduce_op op) {
-  op_info info = detail::start_info(c, "reduce_scatter", op, -1);
-  info.type = in.type;
-  info.count = in.count;
-  detail::check_same_dtype(info, in, out);
-  detail::check_block_count(info, c.size, out, "output", in, "input");
-  check_memory(info, c.memory, in, "input");
-  check_memory(info, c.memory, out, "output");
+  op_info info = detail::check_block_collective(c, "reduce_scatter", op, in, out, /*in_is_block=*/false);
   if (overlap(in, out)) throw usage_error(c.rank, info.describe(), "input and output overlap");
   return info;
 }

@@ -61,6 +61,12 @@
 #include <ddp/timeline.hpp>
 #include <ddp/work.hpp>
 
+// static_assert needs a string literal, so the text shared by both add() overloads is a macro.
+#define DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE                                                                   \
+  "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the Bucketer "  \
+  "keeps a reference to it and re-reads it at every mark_ready, so a temporary would dangle. Temporaries are " \
+  "accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view"
+
 namespace ddp {
 
 /// Knobs of a Bucketer that are not about the layout (the layout's knobs live in the policy).
@@ -159,9 +165,7 @@ class Bucketer {
       return 0;
     } else if constexpr (!kept_safely<G>) {
       static_assert(detail::not_a_tensor_v<G>,
-                    "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the "
-                    "Bucketer keeps a reference to it and re-reads it at every mark_ready, so a temporary would "
-                    "dangle. Temporaries are accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
+                    DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
       return 0;
     } else {
       const tensor_view v = ddp::view(gradient);
@@ -195,9 +199,7 @@ class Bucketer {
       return 0;
     } else if constexpr (!kept_safely<G>) {
       static_assert(detail::not_a_tensor_v<G>,
-                    "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the "
-                    "Bucketer keeps a reference to it and re-reads it at every mark_ready, so a temporary would "
-                    "dangle. Temporaries are accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
+                    DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
       return 0;
     } else {
       const tensor_view pv = ddp::view(parameter);
@@ -1092,3 +1094,5 @@ class Bucketer {
 };
 
 }  // namespace ddp
+
+#undef DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE
