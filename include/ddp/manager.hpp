@@ -51,6 +51,7 @@
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/fnv1a.hpp>
+#include <ddp/detail/describe_exception.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
@@ -429,17 +430,7 @@ class Manager {
     emit(manager_event::kind::error, describe_error());
   }
 
-  std::string describe_error() const {
-    const auto e = error();
-    if (!e) return "no error";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return x.what();
-    } catch (...) {
-      return "unknown error";
-    }
-  }
+  std::string describe_error() const { return detail::describe_exception(error()); }
 
   void emit(manager_event::kind k, std::string text) {
     if (rec_) {

@@ -45,6 +45,7 @@
 
 #include <gloo/context.h>
 
+#include <ddp/detail/describe_exception.hpp>
 #include <ddp/error.hpp>
 #include <ddp/gloo/collectives.hpp>
 #include <ddp/gloo/errors.hpp>
@@ -280,7 +281,7 @@ class engine {
         } catch (...) {
         }
         lk.lock();
-        if (failure_.empty()) failure_ = describe(error);
+        if (failure_.empty()) failure_ = ddp::detail::describe_exception(error);
         fail(*op, error);
       } else {
         op->state = queued_op::status::done;
@@ -327,15 +328,6 @@ class engine {
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   }
 
-  static std::string describe(const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return x.what();
-    } catch (...) {
-      return "unknown error";
-    }
-  }
 
   const int rank_;
   const int size_;
