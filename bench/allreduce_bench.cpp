@@ -77,8 +77,17 @@ int run(const bench::cli& args) {
   const int ranks = comm.size();
   const bool root = comm.rank() == 0;
 
-  bench::table table({{"bytes"}, {"size"}, {"ddp path"}, {"iters"}, {"raw us", 2}, {"raw-nb us", 2}, {"ddp us", 2},
-                      {"ddp/raw", 3}, {"ddp-raw us", 2}, {"raw GB/s", 3}, {"ddp GB/s", 3}});
+  bench::table table({{"bytes"},
+                      {"size"},
+                      {"ddp path"},
+                      {"iters"},
+                      {"raw us", 2},
+                      {"raw-nb us", 2},
+                      {"ddp us", 2},
+                      {"ddp/raw", 3},
+                      {"ddp-raw us", 2},
+                      {"raw GB/s", 3},
+                      {"ddp GB/s", 3}});
   const double bus_factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 0.0;
   const variant order[] = {variant::raw, variant::raw_nb, variant::ddp};
   for (std::uint64_t bytes = std::max<std::uint64_t>(4, s.min_bytes); bytes <= s.max_bytes; bytes *= s.factor) {

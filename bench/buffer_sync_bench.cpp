@@ -131,15 +131,15 @@ struct bench_case {
           owned[i].assign(sizes[i], 1.0f);
           // A separate custom object per buffer: never equal, so one group (one collective) each.
           reducer.add(owned[i], st::custom([k = k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
-            one_collective(k, b, c).wait();
-            return ddp::work::ready();
-          }));
+                        one_collective(k, b, c).wait();
+                        return ddp::work::ready();
+                      }));
           break;
         case mode::in_flight:
           owned[i].assign(sizes[i], 1.0f);
           reducer.add(owned[i], st::custom([k = k](std::span<const ddp::tensor_view> b, ddp::communicator_ref c) {
-            return one_collective(k, b, c);
-          }));
+                        return one_collective(k, b, c);
+                      }));
           break;
         case mode::copy_path:
           owned[i].assign(sizes[i], 1.0f);
@@ -224,8 +224,8 @@ int main(int argc, char** argv) {
                "speedup_vs_one_at_a_time,speedup_vs_in_flight\n";
         for (const row& r : rows) {
           out << name_of(r.k) << ",\"" << name_of(r.m) << "\"," << comm.size() << ',' << sizes.size() << ',' << floats
-              << ',' << r.collectives << ',' << r.min_us << ',' << r.median_us << ',' << r.mean_us << ',' << r.vs_one_at_a_time << ','
-              << r.vs_in_flight << '\n';
+              << ',' << r.collectives << ',' << r.min_us << ',' << r.median_us << ',' << r.mean_us << ','
+              << r.vs_one_at_a_time << ',' << r.vs_in_flight << '\n';
         }
         if (!out) {
           std::fprintf(stderr, "cannot write %s\n", cfg.csv.c_str());

@@ -79,10 +79,11 @@ struct arguments {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  throw std::invalid_argument(why +
-                              "\nusage: ddp_vs_pytorch sync|join|buffers|sweep|breakdown|busbw [--shapes FILE] [--model NAME] "
-                              "[--iters N] [--warmup N] [--rounds N] [--caps MiB,MiB,...] [--max-bytes N] "
-                              "[--csv FILE] [--json FILE]");
+  throw std::invalid_argument(
+      why +
+      "\nusage: ddp_vs_pytorch sync|join|buffers|sweep|breakdown|busbw [--shapes FILE] [--model NAME] "
+      "[--iters N] [--warmup N] [--rounds N] [--caps MiB,MiB,...] [--max-bytes N] "
+      "[--csv FILE] [--json FILE]");
 }
 
 arguments parse(int argc, char** argv) {
@@ -474,8 +475,8 @@ table run_join(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   r.add("ddp_join_finish", finish);
   r.note("elements", total_elements(shapes));
   r.note("iterations_per_block", static_cast<std::size_t>(iters));
-  return summary("join: per-iteration time of a Bucketer step (small model, " +
-                     std::to_string(total_elements(shapes)) + " floats), blocks of " + std::to_string(iters),
+  return summary("join: per-iteration time of a Bucketer step (small model, " + std::to_string(total_elements(shapes)) +
+                     " floats), blocks of " + std::to_string(iters),
                  "small", r,
                  {{"ddp_step_bare", "no JoinContext"},
                   {"ddp_step_join", "JoinContext::notify() before each step"},
@@ -600,7 +601,8 @@ table run_breakdown(const arguments& a, ddp::mpi::communicator& comm, results& r
   };
   const std::vector<std::pair<std::string, std::function<void()>>> parts{
       {"flat_allreduce", [&] { comm.allreduce(flat, ddp::reduce_op::sum).wait(); }},
-      {"bucket_allreduces_only", [&] {
+      {"bucket_allreduces_only",
+       [&] {
          std::vector<ddp::work> w;
          for (auto& b : buckets) w.push_back(comm.allreduce(b, ddp::reduce_op::sum));
          for (auto& x : w) x.wait();
@@ -671,8 +673,8 @@ table run_busbw(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     const double dm = median(r.samples["ddp_allreduce_" + key]);
     const double mm = median(r.samples["mpi_allreduce_" + key]);
     auto busbw = [&](double msec) { return static_cast<double>(bytes) * 2 * (size - 1) / size / (msec * 1e-3) / 1e9; };
-    t.rows.push_back({key, fixed(dm * 1e3, 2), fixed(busbw(dm), 3), fixed(mm * 1e3, 2), fixed(busbw(mm), 3),
-                      std::to_string(reps)});
+    t.rows.push_back(
+        {key, fixed(dm * 1e3, 2), fixed(busbw(dm), 3), fixed(mm * 1e3, 2), fixed(busbw(mm), 3), std::to_string(reps)});
   }
   return t;
 }

@@ -56,7 +56,8 @@ struct arguments {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "gloo_bench: " << why
-            << "\nusage: gloo_bench [--np N] [--mpi] [--min-bytes B] [--max-bytes B] [--csv FILE] [--hostname H] [--iters N] [--repeat N]\n";
+            << "\nusage: gloo_bench [--np N] [--mpi] [--min-bytes B] [--max-bytes B] [--csv FILE] [--hostname H] "
+               "[--iters N] [--repeat N]\n";
   std::exit(2);
 }
 
@@ -160,7 +161,8 @@ void report(const arguments& a, int ranks, const std::string& setting, const std
   const double bus = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
   std::cout << "allreduce f32 sum in place, " << ranks << " processes, " << setting << "\n"
             << std::setw(10) << "bytes" << std::setw(12) << "backend" << std::setw(8) << "iters" << std::setw(13)
-            << "time (us)" << std::setw(14) << "algbw (GB/s)" << std::setw(14) << "busbw (GB/s)" << "\n";
+            << "time (us)" << std::setw(14) << "algbw (GB/s)" << std::setw(14) << "busbw (GB/s)"
+            << "\n";
   for (const auto& r : rows) {
     const double alg = static_cast<double>(r.bytes) / r.seconds / 1e9;
     std::cout << std::setw(10) << human(r.bytes) << std::setw(12) << r.backend << std::setw(8) << r.iters
@@ -196,9 +198,9 @@ backend gloo_backend(ddp::gloo::communicator& comm) {
 ddp::gloo::communicator connect_gloo(const std::filesystem::path& dir, int rank, int size, const arguments& a) {
   ddp::stores::file_store store(dir);
   auto ns = ddp::stores::generation_store(store, "gloo-bench", 0);
-  return ddp::gloo::communicator(ns, rank, size,
-                                 {.timeout = std::chrono::seconds(60), .connect_timeout = std::chrono::seconds(30),
-                                  .hostname = a.hostname});
+  return ddp::gloo::communicator(
+      ns, rank, size,
+      {.timeout = std::chrono::seconds(60), .connect_timeout = std::chrono::seconds(30), .hostname = a.hostname});
 }
 
 // One rank of the standalone run (a forked process).

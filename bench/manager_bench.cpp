@@ -34,7 +34,6 @@
 
 namespace {
 
-
 // Quorums over MPI: the ranks of the quorum are ordered by the Manager's membership.
 ddp::communicator_factory mpi_factory() {
   return [](const ddp::quorum_info& q) {
@@ -77,7 +76,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int iters = static_cast<int>(args.int_or("--iters", 30));
-    const auto counts = bench::read_counts(args.string_or("--shapes", ""), std::vector<std::size_t>(20, std::size_t{1} << 16));
+    const auto counts =
+        bench::read_counts(args.string_or("--shapes", ""), std::vector<std::size_t>(20, std::size_t{1} << 16));
     std::vector<std::vector<float>> w, g;
     for (auto n : counts) {
       w.emplace_back(n, 0.5f);
@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
       if (rank == 0) std::filesystem::remove_all(hdir);
     }
     if (rank == 0) {
-      std::cout << "Manager steady-state overhead, 2 ranks over MPI (median of " << iters << " alternating iterations)\n";
+      std::cout << "Manager steady-state overhead, 2 ranks over MPI (median of " << iters
+                << " alternating iterations)\n";
       steady.print(std::cout);
       std::cout << "\nHealing a fresh replica (state streamed by broadcast in 16 MiB chunks, all in flight at once)\n";
       heal.print(std::cout);

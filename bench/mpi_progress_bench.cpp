@@ -54,7 +54,7 @@ class compute_loop {
 
 struct variant {
   std::string name;
-  int tests = 0;          // work::test() calls spread through the compute (main-thread variants)
+  int tests = 0;             // work::test() calls spread through the compute (main-thread variants)
   int thread_sleep_us = -1;  // >= 0: a progress thread tests, sleeping this long between tests
 };
 
@@ -142,8 +142,13 @@ int run(const bench::cli& args) {
   }
   if (paths.empty()) throw std::invalid_argument("--path must be ring, iallreduce or both");
 
-  bench::table table({{"path"}, {"progress"}, {"tests"}, {"step ms", 2}, {"allreduce alone ms", 2},
-                      {"compute alone ms", 2}, {"overlap %", 1}});
+  bench::table table({{"path"},
+                      {"progress"},
+                      {"tests"},
+                      {"step ms", 2},
+                      {"allreduce alone ms", 2},
+                      {"compute alone ms", 2},
+                      {"overlap %", 1}});
   std::vector<float> buf(bytes / 4, 0.0f);
   for (const auto& [name, opts] : paths) {
     auto comm = ddp::mpi::communicator::world(opts);
@@ -173,7 +178,8 @@ int run(const bench::cli& args) {
     const double cp = bench::median(alone_cpu);
     for (std::size_t i = 0; i < variants.size(); ++i) {
       const double step = bench::median(steps[i]);
-      table.add({name, variants[i].name, tests[i], step * 1e3, ar * 1e3, cp * 1e3, (ar + cp - step) / std::min(ar, cp) * 100});
+      table.add({name, variants[i].name, tests[i], step * 1e3, ar * 1e3, cp * 1e3,
+                 (ar + cp - step) / std::min(ar, cp) * 100});
     }
   }
   MPI_Comm_free(&sync);

@@ -126,7 +126,8 @@ int main(int argc, char** argv) {
     // back to back after a barrier: its cost per step without step-time noise.
     for (int i = 0; i <= 4 * iters; ++i) {
       comm.barrier().wait();
-      std::vector<std::int64_t> mine(ddp::timing_words, 1), all(ddp::timing_words * static_cast<std::size_t>(comm.size()));
+      std::vector<std::int64_t> mine(ddp::timing_words, 1),
+          all(ddp::timing_words * static_cast<std::size_t>(comm.size()));
       const auto t0 = clock_type::now();
       comm.allgather(ddp::view(mine), ddp::view(all)).wait();
       const double ms = slowest(ms_since(t0));
@@ -146,7 +147,10 @@ int main(int argc, char** argv) {
 
     const double m_plain = bench::median(s_plain), m_str = bench::median(s_straggler), m_both = bench::median(s_both);
     const double m_exchange = bench::median(exchange_ms);
-    bench::table t({{"configuration"}, {"median step ms", 2}, {"/ plain", 3}, {"added work ms/step", 3},
+    bench::table t({{"configuration"},
+                    {"median step ms", 2},
+                    {"/ plain", 3},
+                    {"added work ms/step", 3},
                     {"added / plain step", 4}});
     t.add({std::string("(1) plain Bucketer"), m_plain, 1.0, 0.0, 0.0});
     t.add({std::string("(2) + straggler_every = 1"), m_str, m_str / m_plain, m_exchange, m_exchange / m_plain});
@@ -156,8 +160,8 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::cout << "Cost of observation per step: " << counts.size() << " tensors, "
                 << static_cast<double>(total * 4) / (1 << 20) << " MiB, " << comm.size() << " ranks, "
-                << observed.layout().size() << " buckets, backward compute " << scale << " x flat allreduce ("
-                << t_flat << " ms); median of " << iters << " interleaved steps, slowest rank\n";
+                << observed.layout().size() << " buckets, backward compute " << scale << " x flat allreduce (" << t_flat
+                << " ms); median of " << iters << " interleaved steps, slowest rank\n";
       t.print(std::cout);
       std::cout << "last report: " << rep.describe() << "\n"
                 << "recorded events: " << rec.size() << " (" << rec.dropped() << " dropped)\n";

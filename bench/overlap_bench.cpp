@@ -31,7 +31,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-
 // Busy "compute": keeps the core busy like a real backward kernel would.
 void spin_for(std::chrono::nanoseconds d) {
   const auto end = clock_type::now() + d;
@@ -119,9 +118,14 @@ int main(int argc, char** argv) {
     sync.add({std::string("(4) Bucketer, zero-copy"), static_cast<std::int64_t>(zero_copy.layout().size()), t_zero,
               t_zero / t_flat});
 
-    bench::table overlap({{"compute / flat"}, {"compute ms", 2}, {"step ms (copy)", 2}, {"ratio (copy)", 2},
-                          {"step ms (zero-copy)", 2}, {"ratio (zero-copy)", 2},
-                          {"step ms (zero-copy + progress thread)", 2}, {"ratio (+ thread)", 2}});
+    bench::table overlap({{"compute / flat"},
+                          {"compute ms", 2},
+                          {"step ms (copy)", 2},
+                          {"ratio (copy)", 2},
+                          {"step ms (zero-copy)", 2},
+                          {"ratio (zero-copy)", 2},
+                          {"step ms (zero-copy + progress thread)", 2},
+                          {"ratio (+ thread)", 2}});
     for (double scale : {0.5, 1.0, 2.0}) {
       const auto compute = std::chrono::nanoseconds(static_cast<long>(scale * t_flat * 1e6));
       const double t_compute = measure([&] { spin_for(compute); });
@@ -133,8 +137,8 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
       std::cout << "Gradient synchronisation, " << counts.size() << " tensors, "
-                << static_cast<double>(total * 4) / (1 << 20) << " MiB, " << comm.size()
-                << " ranks (median of " << iters << ", slowest rank)\n";
+                << static_cast<double>(total * 4) / (1 << 20) << " MiB, " << comm.size() << " ranks (median of "
+                << iters << ", slowest rank)\n";
       sync.print(std::cout);
       std::cout << "\nSimulated backward pass (ratio = step / max(compute, flat allreduce); 1.0 = fully hidden)\n";
       overlap.print(std::cout);

@@ -100,8 +100,15 @@ int main(int argc, char** argv) {
       return std::vector<double>{bench::median(tl), bench::median(tr), bench::median(ts)};
     };
 
-    bench::table t({{"mode"}, {"M"}, {"K"}, {"accumulate ms", 2}, {"reduce ms", 2}, {"step ms", 2}, {"/ default", 2},
-                    {"received MiB / rank", 1}, {"of reduce: waiting ms", 2}});
+    bench::table t({{"mode"},
+                    {"M"},
+                    {"K"},
+                    {"accumulate ms", 2},
+                    {"reduce ms", 2},
+                    {"step ms", 2},
+                    {"/ default", 2},
+                    {"received MiB / rank", 1},
+                    {"of reduce: waiting ms", 2}});
     for (std::size_t m : parse_list(args.string_or("--micro-batches", "8,6"))) {
       const ddp::item_range mine = ddp::contiguous_share(m, comm.size(), rank);
       const auto plain = measure(
@@ -136,9 +143,9 @@ int main(int argc, char** argv) {
             waits.push_back(red.last_step().wait_ms);
           });
       const auto& st = red.last_step();
-      t.add({std::string("default (sum + Bucketer)"), static_cast<std::int64_t>(m), std::string("-"), plain[0], plain[1],
-             plain[2], 1.0, 2.0 * static_cast<double>(total * 4) * (comm.size() - 1) / comm.size() / (1 << 20),
-             std::string("-")});
+      t.add({std::string("default (sum + Bucketer)"), static_cast<std::int64_t>(m), std::string("-"), plain[0],
+             plain[1], plain[2], 1.0,
+             2.0 * static_cast<double>(total * 4) * (comm.size() - 1) / comm.size() / (1 << 20), std::string("-")});
       t.add({std::string("reproducible"), static_cast<std::int64_t>(m), static_cast<std::int64_t>(st.max_cover),
              repro[0], repro[1], repro[2], repro[2] / plain[2], static_cast<double>(st.bytes_received) / (1 << 20),
              bench::median(waits)});

@@ -64,7 +64,8 @@ double timed(MPI_Comm comm, int batch, const std::function<void()>& fn) {
 }
 
 // Runs every variant `reps` times, rotating the order each repetition; returns the medians.
-std::vector<double> interleaved(MPI_Comm comm, int reps, int batch, const std::vector<std::function<void()>>& variants) {
+std::vector<double> interleaved(MPI_Comm comm, int reps, int batch,
+                                const std::vector<std::function<void()>>& variants) {
   std::vector<std::vector<double>> samples(variants.size());
   for (int r = 0; r < reps; ++r) {
     for (std::size_t k = 0; k < variants.size(); ++k) {
@@ -104,8 +105,18 @@ void bandwidth(const bench::cli& args, MPI_Comm raw) {
   ddp::shm::arena_block block = shm.allocate(max_elems * 4);
   auto* zc = reinterpret_cast<float*>(block.data());
 
-  bench::table t({{"bytes"}, {"size"}, {"batch"}, {"mpi us", 2}, {"ddp us", 2}, {"shm us", 2}, {"shm-zc us", 2},
-                  {"memcpy us", 2}, {"shm GB/s", 2}, {"mpi/shm", 2}, {"mpi/shm-zc", 2}, {"shm/memcpy", 2},
+  bench::table t({{"bytes"},
+                  {"size"},
+                  {"batch"},
+                  {"mpi us", 2},
+                  {"ddp us", 2},
+                  {"shm us", 2},
+                  {"shm-zc us", 2},
+                  {"memcpy us", 2},
+                  {"shm GB/s", 2},
+                  {"mpi/shm", 2},
+                  {"mpi/shm-zc", 2},
+                  {"shm/memcpy", 2},
                   {"shm-zc/memcpy", 2}});
   for (std::uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     const std::size_t n = bytes / 4;
@@ -141,9 +152,9 @@ void bandwidth(const bench::cli& args, MPI_Comm raw) {
     };
     const auto m = interleaved(raw, reps, batch, variants);
     const double us = 1e6;
-    t.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), std::int64_t{batch}, m[0] * us,
-           m[1] * us, m[2] * us, m[3] * us, m[4] * us, static_cast<double>(bytes) / m[2] * 1e-9, m[0] / m[2],
-           m[0] / m[3], m[2] / m[4], m[3] / m[4]});
+    t.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), std::int64_t{batch}, m[0] * us, m[1] * us,
+           m[2] * us, m[3] * us, m[4] * us, static_cast<double>(bytes) / m[2] * 1e-9, m[0] / m[2], m[0] / m[3],
+           m[2] / m[4], m[3] / m[4]});
     if (root) std::cerr << "  " << bench::cli::format_bytes(bytes) << " done\n";
   }
   if (root) {
@@ -262,9 +273,19 @@ int run(const bench::cli& args) {
 
   const std::string dir = args.string_or("--models", "/work/shared/data");
   if (!args.has("--skip-models")) {
-    bench::table t({{"model"}, {"params"}, {"MiB"}, {"buckets"}, {"flat-mpi ms", 1}, {"bkt-mpi ms", 1},
-                    {"bkt-shm ms", 1}, {"bkt-shm-avg ms", 1}, {"arena-shm ms", 1}, {"flat-shm ms", 1},
-                    {"flat-mpi/bkt-shm", 2}, {"flat-mpi/bkt-shm-avg", 2}, {"flat-mpi/arena-shm", 2}});
+    bench::table t({{"model"},
+                    {"params"},
+                    {"MiB"},
+                    {"buckets"},
+                    {"flat-mpi ms", 1},
+                    {"bkt-mpi ms", 1},
+                    {"bkt-shm ms", 1},
+                    {"bkt-shm-avg ms", 1},
+                    {"arena-shm ms", 1},
+                    {"flat-shm ms", 1},
+                    {"flat-mpi/bkt-shm", 2},
+                    {"flat-mpi/bkt-shm-avg", 2},
+                    {"flat-mpi/arena-shm", 2}});
     std::vector<std::pair<std::string, std::string>> models;
     if (args.has("--shapes")) {
       models.emplace_back("custom", *args.get("--shapes"));

@@ -20,12 +20,12 @@ namespace {
 
 void run(ddp::communicator_ref comm) {
   const int rank = comm.rank();
-  std::vector<std::int64_t> seen{0, 0};          // positives, negatives seen by this rank
+  std::vector<std::int64_t> seen{0, 0};  // positives, negatives seen by this rank
   std::vector<float> bn_mean(64, 0.0f), bn_var(64, 1.0f);
   std::vector<double> loss_ema{0.0};
   std::vector<double> best_loss{1e30};
 
-  ddp::BufferReducer buffers(comm);              // default strategy: broadcast from rank 0
+  ddp::BufferReducer buffers(comm);  // default strategy: broadcast from rank 0
   buffers.add(seen, ddp::strategies::allreduce_sum{});
   buffers.add(bn_mean);
   buffers.add(bn_var);
@@ -46,7 +46,7 @@ void run(ddp::communicator_ref comm) {
     const double loss = 1.0 / (step + 1 + rank);
     loss_ema[0] = 0.9 * loss_ema[0] + 0.1 * loss;
     best_loss[0] = std::min(best_loss[0], loss);
-    buffers.sync();                                                     // ...and are brought back
+    buffers.sync();  // ...and are brought back
     if (rank == 0) {
       std::printf("step %d: global examples %lld positive / %lld negative, loss ema %.5f, best loss %.5f\n", step,
                   static_cast<long long>(seen[0]), static_cast<long long>(seen[1]), loss_ema[0], best_loss[0]);
@@ -54,10 +54,11 @@ void run(ddp::communicator_ref comm) {
     // Counts are global now: continue counting from them (every rank holds the same totals).
   }
   const auto& st = buffers.stats();
-  std::printf("rank %d: counted %lld/%lld itself; holds global %lld/%lld; bn_mean[0] = %.3f; %zu collectives per sync "
-              "for 5 buffers\n",
-              rank, static_cast<long long>(my_pos), static_cast<long long>(my_neg), static_cast<long long>(seen[0]),
-              static_cast<long long>(seen[1]), static_cast<double>(bn_mean[0]), st.collectives_per_sync);
+  std::printf(
+      "rank %d: counted %lld/%lld itself; holds global %lld/%lld; bn_mean[0] = %.3f; %zu collectives per sync "
+      "for 5 buffers\n",
+      rank, static_cast<long long>(my_pos), static_cast<long long>(my_neg), static_cast<long long>(seen[0]),
+      static_cast<long long>(seen[1]), static_cast<double>(bn_mean[0]), st.collectives_per_sync);
   // Every rank must hold identical buffers.
   std::vector<std::int64_t> mine{seen[0], seen[1]}, all(2 * static_cast<std::size_t>(comm.size()));
   comm.allgather(ddp::view(mine), ddp::view(all)).wait();

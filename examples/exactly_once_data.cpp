@@ -47,7 +47,8 @@ struct ledger {
 
 struct crash {};
 
-void replica(const std::string& id, bool dies, ddp::stores::memory_store& store, ddp::local::fabric& fabric, ledger& book) {
+void replica(const std::string& id, bool dies, ddp::stores::memory_store& store, ddp::local::fabric& fabric,
+             ledger& book) {
   std::vector<double> w(dim, 0.0), mom(dim, 0.0), g(dim, 0.0);
   ddp::training_state state;
   state.add(w).add(mom);

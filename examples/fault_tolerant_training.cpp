@@ -68,7 +68,9 @@ int train(const std::string& id, Store& store) {
   gloo_opts.connect_timeout = 10s;
   ddp::Manager m(
       store,
-      [&](const ddp::quorum_info& q) { return ddp::any_communicator(ddp::gloo::communicator(q.store, q.rank, q.size, gloo_opts)); },
+      [&](const ddp::quorum_info& q) {
+        return ddp::any_communicator(ddp::gloo::communicator(q.store, q.rank, q.size, gloo_opts));
+      },
       state, opts);
   m.on_event([&](const ddp::manager_event& e) {
     std::printf("%s step %lld: %s\n", id.c_str(), static_cast<long long>(e.step), e.text.c_str());
@@ -176,8 +178,8 @@ int launch(const std::string& self, config c) {
     redis = ::fork();
     if (redis == 0) {
       const std::string port = std::to_string(c.redis_port);
-      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--dir", c.dir.c_str(), static_cast<char*>(nullptr));
+      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+              "no", "--dir", c.dir.c_str(), static_cast<char*>(nullptr));
       std::_Exit(127);
     }
     std::this_thread::sleep_for(300ms);

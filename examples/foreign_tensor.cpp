@@ -134,7 +134,8 @@ void run(ddp::communicator_ref comm) {
   }
   std::printf("rank %d: hooks in acme's graph: %zu while the Bucketer lived, %zu after it was destroyed\n", rank,
               hooks_while_alive, graph.hook_count());
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(graph.hook_count())}, all(static_cast<std::size_t>(comm.size()));
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(graph.hook_count())},
+      all(static_cast<std::size_t>(comm.size()));
   comm.allgather(ddp::view(mine), ddp::view(all)).wait();
   bool clean = true;
   for (auto h : all) clean = clean && h == 0;

@@ -41,10 +41,10 @@ int main(int argc, char** argv) {
     cudaStreamCreate(&backward);
     cudaStreamCreate(&optimizer);
     cudaMemcpyAsync(grad, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, backward);  // "backward pass"
-    gpu.enqueue_after(backward);                     // the allreduce waits for the gradients
+    gpu.enqueue_after(backward);  // the allreduce waits for the gradients
     const ddp::tensor_view g = device_view(grad, n, device);
     ddp::work w = ddp::communicator_ref(gpu).allreduce(g, ddp::reduce_op::avg);
-    gpu.stream_wait(optimizer);                      // the optimizer's kernels run after it
+    gpu.stream_wait(optimizer);  // the optimizer's kernels run after it
     cudaMemcpyAsync(host.data(), grad, n * sizeof(float), cudaMemcpyDeviceToHost, optimizer);
     cudaStreamSynchronize(optimizer);
     w.wait();

@@ -165,7 +165,8 @@ void train(ddp::communicator_ref comm, const std::string& trace_dir, int slow_ra
         for (std::size_t k = 0; k < in_dim; ++k) t += (x[i * in_dim + k] = u(data_rng));
         y[i] = std::sin(t);
       }
-      loss_sum[0] += model.step(x, y, [&](std::size_t i) { grads.mark_ready(i); }, rank == slow_rank);
+      loss_sum[0] += model.step(
+          x, y, [&](std::size_t i) { grads.mark_ready(i); }, rank == slow_rank);
       grads.finalize();  // averaged gradients are in place
       model.sgd();
     }

@@ -20,8 +20,8 @@ namespace bench {
 class cli {
  public:
   struct option {
-    std::string name;     ///< "--max-bytes"
-    std::string value;    ///< placeholder shown in --help ("BYTES"); empty for a flag
+    std::string name;   ///< "--max-bytes"
+    std::string value;  ///< placeholder shown in --help ("BYTES"); empty for a flag
     std::string help;
   };
 
@@ -90,8 +90,8 @@ class cli {
     if (digits == 0) throw std::invalid_argument(name + ": not a size: " + std::string(text));
     std::uint64_t n = std::stoull(std::string(text.substr(0, digits)));
     const std::string_view suffix = text.substr(digits);
-    static const std::pair<std::string_view, int> units[] = {{"", 0},    {"B", 0},    {"K", 10},  {"KiB", 10},
-                                                             {"M", 20},  {"MiB", 20}, {"G", 30},  {"GiB", 30}};
+    static const std::pair<std::string_view, int> units[] = {{"", 0},   {"B", 0},    {"K", 10}, {"KiB", 10},
+                                                             {"M", 20}, {"MiB", 20}, {"G", 30}, {"GiB", 30}};
     for (const auto& [unit, shift] : units) {
       if (suffix == unit) return n << shift;
     }

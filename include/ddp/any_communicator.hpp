@@ -21,8 +21,8 @@ class any_communicator {
   any_communicator() = default;
   /// Takes ownership of `comm`, moved (or copied, from an lvalue) into the object.
   template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
-  any_communicator(C&& comm)  // NOLINT(google-explicit-constructor): takes ownership of a backend
+  requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
+      any_communicator(C&& comm)  // NOLINT(google-explicit-constructor): takes ownership of a backend
       : impl_(std::make_unique<model<std::remove_cvref_t<C>>>(std::forward<C>(comm))) {}
 
   /// Takes over the owned communicator; the source becomes empty.

@@ -69,11 +69,11 @@ struct memory_rule {
 
 /// The calling rank's side of a collective, as its backend knows it before checking the call.
 struct caller {
-  int rank = -1;          ///< the calling rank
-  int size = 0;           ///< ranks of the communicator
-  std::uint64_t seq = 0;  ///< sequence number the call gets if it passes (errors show it)
+  int rank = -1;                                        ///< the calling rank
+  int size = 0;                                         ///< ranks of the communicator
+  std::uint64_t seq = 0;                                ///< sequence number the call gets if it passes (errors show it)
   std::chrono::milliseconds timeout = default_timeout;  ///< deadline of the call's work
-  memory_rule memory;     ///< memory the backend reaches
+  memory_rule memory;                                   ///< memory the backend reaches
 };
 
 namespace detail {
@@ -106,8 +106,8 @@ inline void check_same_dtype(const op_info& info, tensor_view in, tensor_view ou
 
 // `big` must hold `small.count * size` elements (allgather: output over input; reduce_scatter:
 // input over output).
-inline void check_block_count(const op_info& info, int size, tensor_view small, const char* small_name,
-                              tensor_view big, const char* big_name) {
+inline void check_block_count(const op_info& info, int size, tensor_view small, const char* small_name, tensor_view big,
+                              const char* big_name) {
   const std::size_t want = small.count * static_cast<std::size_t>(size);
   if (big.count != want) {
     throw usage_error(info.rank, info.describe(),
@@ -144,8 +144,8 @@ inline void check_memory(const op_info& info, const memory_rule& memory, tensor_
   }
   if (t.count > 0 && t.data == nullptr) {
     throw usage_error(info.rank, info.describe(),
-                      (label.empty() ? std::string("tensor") : std::string(label)) + " has " +
-                          std::to_string(t.count) + " elements but no data pointer");
+                      (label.empty() ? std::string("tensor") : std::string(label)) + " has " + std::to_string(t.count) +
+                          " elements but no data pointer");
   }
 }
 
@@ -169,9 +169,9 @@ inline void check_memory(const op_info& info, const memory_rule& memory, tensor_
   if (!tensors.empty()) info.type = tensors.front().type;
   for (const tensor_view& t : tensors) info.count += t.count;
   if (root < 0 || root >= c.size) {
-    throw usage_error(c.rank, info.describe(),
-                      "root " + std::to_string(root) + " is not a rank of a communicator of size " +
-                          std::to_string(c.size));
+    throw usage_error(
+        c.rank, info.describe(),
+        "root " + std::to_string(root) + " is not a rank of a communicator of size " + std::to_string(c.size));
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     check_memory(info, c.memory, tensors[i], detail::tensor_label(i, tensors.size()));

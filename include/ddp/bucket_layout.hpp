@@ -29,8 +29,8 @@ namespace ddp {
 
 /// One registered gradient, as layout policies see it.
 struct gradient_info {
-  std::size_t index = 0;  ///< registration index
-  std::size_t count = 0;  ///< elements
+  std::size_t index = 0;               ///< registration index
+  std::size_t count = 0;               ///< elements
   ddp::dtype type = dtype::f32;        ///< element type
   ddp::device where = device::host();  ///< memory the gradient lives in
 
@@ -62,10 +62,10 @@ concept bucketing_policy = std::copy_constructible<P> && requires(const P& p, st
 
 /// True if policy P rebuilds once from the agreed ready order.
 template <class P>
-concept rebuilding_policy =
-    bucketing_policy<P> && requires(const P& p, std::span<const gradient_info> g, std::span<const std::size_t> order) {
-      { p.rebuild(g, order) } -> std::same_as<bucket_layout>;
-    };
+concept rebuilding_policy = bucketing_policy<P> &&
+    requires(const P& p, std::span<const gradient_info> g, std::span<const std::size_t> order) {
+  { p.rebuild(g, order) } -> std::same_as<bucket_layout>;
+};
 
 /// True if policy P promises a layout that never changes.
 template <class P>
@@ -91,8 +91,8 @@ inline std::optional<std::string> validate_layout(const bucket_layout& layout, s
       if (++seen[i] > 1) return "gradient " + std::to_string(i) + " is placed in more than one bucket";
       if (grads[i].type != first.type || grads[i].where != first.where) {
         return "bucket " + std::to_string(b) + " mixes " + std::string(name_of(first.type)) + " on " +
-               first.where.str() + " with gradient " + std::to_string(i) + " (" +
-               std::string(name_of(grads[i].type)) + " on " + grads[i].where.str() + ")";
+               first.where.str() + " with gradient " + std::to_string(i) + " (" + std::string(name_of(grads[i].type)) +
+               " on " + grads[i].where.str() + ")";
       }
     }
   }

@@ -63,7 +63,7 @@
 
 // static_assert needs a string literal, so the text shared by both add() overloads is a macro.
 #define DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE                                                                   \
-  "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the Bucketer "  \
+  "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the Bucketer "    \
   "keeps a reference to it and re-reads it at every mark_ready, so a temporary would dangle. Temporaries are " \
   "accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view"
 
@@ -104,23 +104,23 @@ struct bucketer_options {
 struct bucket_stats {
   std::size_t bytes = 0;      ///< size of the bucket's storage
   std::size_t gradients = 0;  ///< gradients grouped in the bucket
-  double launched_ms = -1;   ///< since the iteration's first mark_ready (-1: never)
-  double completed_ms = -1;  ///< when completion was first observed
+  double launched_ms = -1;    ///< since the iteration's first mark_ready (-1: never)
+  double completed_ms = -1;   ///< when completion was first observed
 };
 
 /// What the last synchronised iteration did: read it to see whether communication is hidden.
 struct step_stats {
-  std::uint64_t iteration = 0;     ///< synchronised iterations so far (including this one)
+  std::uint64_t iteration = 0;        ///< synchronised iterations so far (including this one)
   std::vector<bucket_stats> buckets;  ///< per bucket, in launch order
-  double backward_ms = 0;          ///< first mark_ready to the finalize() call
-  double finalize_wait_ms = 0;     ///< time finalize() spent waiting for collectives
-  std::size_t collectives = 0;     ///< hook launches plus the Bucketer's own collectives
-  bool shadowed = false;           ///< this rank had joined and mirrored the others' collectives
-  bool rebuilt = false;            ///< the layout was rebuilt at the end of this iteration
+  double backward_ms = 0;             ///< first mark_ready to the finalize() call
+  double finalize_wait_ms = 0;        ///< time finalize() spent waiting for collectives
+  std::size_t collectives = 0;        ///< hook launches plus the Bucketer's own collectives
+  bool shadowed = false;              ///< this rank had joined and mirrored the others' collectives
+  bool rebuilt = false;               ///< the layout was rebuilt at the end of this iteration
   // ---- straggler attribution (straggler.hpp) ----
-  double last_ready_ms = 0;        ///< first to last mark_ready: this rank's backward pass
-  double arrival_wait_ms = 0;      ///< last mark_ready to the last bucket's completion (short: others waited for this rank)
-  straggler_report straggler;      ///< every rank's timing, when exchanged (`bucketer_options::straggler_every`)
+  double last_ready_ms = 0;    ///< first to last mark_ready: this rank's backward pass
+  double arrival_wait_ms = 0;  ///< last mark_ready to the last bucket's completion (short: others waited for this rank)
+  straggler_report straggler;  ///< every rank's timing, when exchanged (`bucketer_options::straggler_every`)
 };
 
 /// Averages a fixed set of registered gradients across the ranks of a communicator, bucket by
@@ -164,8 +164,7 @@ class Bucketer {
       detail::explain_not_a_tensor<G>();
       return 0;
     } else if constexpr (!kept_safely<G>) {
-      static_assert(detail::not_a_tensor_v<G>,
-                    DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
+      static_assert(detail::not_a_tensor_v<G>, DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
       return 0;
     } else {
       const tensor_view v = ddp::view(gradient);
@@ -198,15 +197,15 @@ class Bucketer {
                     "accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view");
       return 0;
     } else if constexpr (!kept_safely<G>) {
-      static_assert(detail::not_a_tensor_v<G>,
-                    DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
+      static_assert(detail::not_a_tensor_v<G>, DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE);
       return 0;
     } else {
       const tensor_view pv = ddp::view(parameter);
       const tensor_view gv = ddp::view(gradient);
       check_pair(pv, gv);
       detail::tensor_source ps;
-      if constexpr (is_tensor_handle_v<P>) ps = detail::tensor_source::holding(std::remove_cvref_t<P>(std::forward<P>(parameter)));
+      if constexpr (is_tensor_handle_v<P>)
+        ps = detail::tensor_source::holding(std::remove_cvref_t<P>(std::forward<P>(parameter)));
       return add_entry(pv, gv, std::move(ps), gradient_source(std::forward<G>(gradient)));
     }
   }
@@ -472,9 +471,9 @@ class Bucketer {
  private:
   struct entry {
     std::optional<tensor_view> parameter;
-    tensor_view gradient;    // as last read: the copy path follows a gradient that moved
+    tensor_view gradient;  // as last read: the copy path follows a gradient that moved
     std::size_t bucket = 0;
-    std::size_t offset = 0;  // elements into the bucket
+    std::size_t offset = 0;              // elements into the bucket
     detail::tensor_source param_source;  // a held handle, re-read by broadcast_parameters
     detail::tensor_source grad_source;   // the trainer's slot (or a held handle), re-read by mark_ready
   };
@@ -497,8 +496,8 @@ class Bucketer {
   // A registered argument of type T&& can be kept without dangling: an lvalue (referred to), a
   // handle (copied) or a view.
   template <class T>
-  static constexpr bool kept_safely = std::is_lvalue_reference_v<T> || is_tensor_handle_v<T> ||
-                                      std::same_as<std::remove_cvref_t<T>, tensor_view>;
+  static constexpr bool kept_safely =
+      std::is_lvalue_reference_v<T> || is_tensor_handle_v<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>;
 
   // How gradient `g` (passed as G&&) is re-read: see add(G&&).
   template <class G>
@@ -538,7 +537,8 @@ class Bucketer {
     return a.count == b.count && a.type == b.type && a.where == b.where && (a.count == 0 || a.data != nullptr);
   }
 
-  [[noreturn]] void throw_reshaped(std::size_t i, const tensor_view& was, const tensor_view& now, const char* op) const {
+  [[noreturn]] void throw_reshaped(std::size_t i, const tensor_view& was, const tensor_view& now,
+                                   const char* op) const {
     throw usage_error(comm_.rank(), op,
                       "gradient " + std::to_string(i) + " was registered as " + std::string(name_of(was.type)) + " x " +
                           std::to_string(was.count) + " on " + was.where.str() + " and is now " +
@@ -849,8 +849,8 @@ class Bucketer {
 
   void record_bucket(std::size_t b, clock::time_point completed) {
     const bucket_stats& s = current_.buckets[b];
-    const auto launched =
-        iteration_start_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(s.launched_ms));
+    const auto launched = iteration_start_ + std::chrono::duration_cast<clock::duration>(
+                                                 std::chrono::duration<double, std::milli>(s.launched_ms));
     rec_->span({"bucket", static_cast<int>(b)}, shadowing_ ? "allreduce (shadow)" : "allreduce", launched, completed,
                {{"bytes", static_cast<double>(s.bytes)}, {"gradients", static_cast<double>(s.gradients)}});
   }
@@ -865,8 +865,8 @@ class Bucketer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (!buckets_[b].launched) {
         throw usage_error(comm_.rank(), "Bucketer::finalize",
-                          "bucket " + std::to_string(b) + " could not launch: " +
-                              std::to_string(pending_[b].load()) + " of its gradients were never marked ready");
+                          "bucket " + std::to_string(b) + " could not launch: " + std::to_string(pending_[b].load()) +
+                              " of its gradients were never marked ready");
       }
       parts.push_back(&buckets_[b].inflight);
     }
@@ -971,7 +971,8 @@ class Bucketer {
       const auto grads = infos();
       bucket_layout l = policy_.rebuild(grads, agreed);
       if (auto problem = detail::validate_layout(l, grads)) {
-        throw usage_error(comm_.rank(), "Bucketer rebuild", "the layout policy returned an invalid layout: " + *problem);
+        throw usage_error(comm_.rank(), "Bucketer rebuild",
+                          "the layout policy returned an invalid layout: " + *problem);
       }
       rebuild_pending_ = false;
       recording_ = false;
@@ -1068,8 +1069,8 @@ class Bucketer {
   std::atomic<bool> started_{false};
   bool no_sync_ = false;
   bool shadowing_ = false;
-  int divisor_;                // of the running iteration
-  int notified_divisor_ = 0;   // from join_notified() for the next iteration (0: none)
+  int divisor_;                   // of the running iteration
+  int notified_divisor_ = 0;      // from join_notified() for the next iteration (0: none)
   join_order_token order_token_;  // from join_notified(): records when this Bucketer first launches
   std::size_t next_launch_ = 0;
   std::size_t next_complete_ = 0;

@@ -91,13 +91,11 @@ class BufferReducer {
   /// @throws usage_error if `options.period` is 0
   explicit BufferReducer(communicator_ref comm, Strategy default_strategy = Strategy{},
                          buffer_reducer_options options = {})
-      : default_(std::move(default_strategy)),
-        state_(std::make_shared<detail::buffer_reducer_state>(comm, options)) {}
+      : default_(std::move(default_strategy)), state_(std::make_shared<detail::buffer_reducer_state>(comm, options)) {}
 
   /// With a default-constructed default strategy.
   /// @throws usage_error if `options.period` is 0
-  BufferReducer(communicator_ref comm, buffer_reducer_options options)
-    requires std::default_initializable<Strategy>
+  BufferReducer(communicator_ref comm, buffer_reducer_options options) requires std::default_initializable<Strategy>
       : BufferReducer(comm, Strategy{}, options) {}
 
   /// Moving keeps pending work valid (the state is shared with it); a moved-from reducer may only
@@ -140,9 +138,10 @@ class BufferReducer {
     using D = std::remove_cvref_t<T>;
     constexpr bool is_view = std::same_as<D, tensor_view>;
     if constexpr (!is_view && !tensor<D>) {
-      static_assert(detail::always_false<T>,
-                    "BufferReducer::add: the buffer must be a ddp::tensor (a contiguous range of a ddp element type, "
-                    "or a type with a ddp::tensor_traits<T> specialisation: see docs/tensors.md) or a ddp::tensor_view");
+      static_assert(
+          detail::always_false<T>,
+          "BufferReducer::add: the buffer must be a ddp::tensor (a contiguous range of a ddp element type, "
+          "or a type with a ddp::tensor_traits<T> specialisation: see docs/tensors.md) or a ddp::tensor_view");
       return 0;
     } else if constexpr (!is_view && !tensor<std::remove_reference_t<T>>) {
       static_assert(detail::always_false<T>,

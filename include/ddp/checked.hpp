@@ -43,8 +43,7 @@ class checked_communicator {
  public:
   /// Wraps `inner`, which must outlive this object and carries both the fingerprint exchanges
   /// and the real collectives.
-  explicit checked_communicator(communicator_ref inner, checked_options options = {})
-      : inner_(inner), opts_(options) {}
+  explicit checked_communicator(communicator_ref inner, checked_options options = {}) : inner_(inner), opts_(options) {}
 
   /// Rank in the wrapped communicator.
   [[nodiscard]] int rank() const { return inner_.rank(); }
@@ -91,7 +90,7 @@ class checked_communicator {
 
  private:
   enum class kind : std::int64_t { allreduce = 1, broadcast, allgather, reduce_scatter, barrier };
-  static constexpr std::size_t fields = 7;  // seq, kind, op, root, tensors, first dtype, total count
+  static constexpr std::size_t fields = 7;          // seq, kind, op, root, tensors, first dtype, total count
   static constexpr std::size_t words = fields + 1;  // + hash of every (dtype, count)
 
   static const char* name_of_kind(std::int64_t k) {

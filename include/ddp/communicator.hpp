@@ -41,7 +41,8 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
   { c.allgather(a, b) } -> std::same_as<work>;
   { c.reduce_scatter(a, b, op) } -> std::same_as<work>;
   { c.barrier() } -> std::same_as<work>;
-  { c.abort() } noexcept;
+  { c.abort() }
+  noexcept;
 };
 
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
@@ -51,12 +52,12 @@ class communicator_ref {
   /// Refers to `comm` (implicit, so any communicator can be passed where a `communicator_ref`
   /// is expected). Rvalues are rejected: the reference would dangle.
   template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
-  communicator_ref(C& comm) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
+  requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>) communicator_ref(C& comm)
+  noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
       : obj_(&comm), vt_(&table_for<C>) {}
   template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>)
-  communicator_ref(C&&) = delete;  // would dangle
+  requires(!std::same_as<std::remove_cvref_t<C>, communicator_ref>) communicator_ref(C&&)
+  = delete;  // would dangle
 
   /// Rank of the calling process in the referenced communicator.
   [[nodiscard]] int rank() const { return vt_->rank(obj_); }
@@ -80,15 +81,15 @@ class communicator_ref {
 
   /// Single-tensor conveniences over any tensor type.
   template <class T>
-    requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
-  work allreduce(T& t, reduce_op op) const {
+  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op)
+  const {
     const tensor_view v = view(t);
     return allreduce(std::span<const tensor_view>(&v, 1), op);
   }
   /// Single-tensor broadcast of `t` from `root`, over any tensor type.
   template <class T>
-    requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
-  work broadcast(T& t, int root) const {
+  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root)
+  const {
     const tensor_view v = view(t);
     return broadcast(std::span<const tensor_view>(&v, 1), root);
   }

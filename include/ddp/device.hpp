@@ -13,7 +13,7 @@ struct device {
   /// Kind of memory.
   enum class kind : unsigned char { host, cuda };
   kind type = kind::host;  ///< host or CUDA memory
-  int index = 0;  ///< CUDA device ordinal; 0 for host
+  int index = 0;           ///< CUDA device ordinal; 0 for host
 
   /// Host memory.
   [[nodiscard]] static constexpr device host() noexcept { return {}; }

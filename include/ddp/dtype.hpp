@@ -113,7 +113,7 @@ struct half {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;
     const std::uint32_t mant = h & 0x3ffu;
-    if (exp == 0) {  // zero or subnormal
+    if (exp == 0) {                                                     // zero or subnormal
       const float f = static_cast<float>(mant) * (1.0f / 16777216.0f);  // mant * 2^-24
       return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | sign);
     }
@@ -138,7 +138,7 @@ struct bfloat16 {
   static std::uint16_t from_float(float f) noexcept {
     std::uint32_t x = std::bit_cast<std::uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet nan
-    x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+    x += 0x7fffu + ((x >> 16) & 1u);                                                            // round to nearest even
     return static_cast<std::uint16_t>(x >> 16);
   }
   /// Float value of the encoding `b` (exact: the low mantissa bits are zero).
@@ -148,23 +148,34 @@ struct bfloat16 {
 /// Maps a C++ element type to its dtype; `dtype_of<T>::value` exists only for supported types.
 template <class T>
 struct dtype_of {};
-template <> struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
-template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
-template <> struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
-template <> struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
-template <> struct dtype_of<std::int8_t> : std::integral_constant<dtype, dtype::i8> {};
-template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
-template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
-template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <>
+struct dtype_of<half> : std::integral_constant<dtype, dtype::f16> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf16> {};
+template <>
+struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of<std::int8_t> : std::integral_constant<dtype, dtype::i8> {};
+template <>
+struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <>
+struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <>
+struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
 
 /// True for element types with a dtype. `long long` on LP64 is a distinct type from int64_t
 /// (`long`); it maps too, so `std::vector<long long>` works out of the box.
 template <class T>
-concept element = requires { dtype_of<std::remove_cv_t<T>>::value; };
+concept element = requires {
+  dtype_of<std::remove_cv_t<T>>::value;
+};
 
 template <class T>
-  requires(std::is_same_v<T, long long> && !std::is_same_v<long long, std::int64_t> && sizeof(long long) == 8)
-struct dtype_of<T> : std::integral_constant<dtype, dtype::i64> {};
+requires(std::is_same_v<T, long long> && !std::is_same_v<long long, std::int64_t> &&
+         sizeof(long long) == 8) struct dtype_of<T> : std::integral_constant<dtype, dtype::i64> {
+};
 
 /// The dtype of element type `T` (cv-qualifiers ignored): `dtype_v<float> == dtype::f32`.
 template <element T>

@@ -224,13 +224,16 @@ class JoinContext {
     for (std::size_t p = 0; p < K; ++p) learned_[p] = p;
     std::vector<std::pair<join_phase, std::size_t>> hinted;
     std::size_t j = 0;
-    std::apply([&](auto&... js) {
-      ((void)[&](auto& one) {
-         if (const auto phase = detail::join_issue_phase(one)) hinted.emplace_back(*phase, j);
-         ++j;
-       }(js),
-       ...);
-    }, joinables_);
+    std::apply(
+        [&](auto&... js) {
+          (
+              (void)[&](auto& one) {
+                if (const auto phase = detail::join_issue_phase(one)) hinted.emplace_back(*phase, j);
+                ++j;
+              }(js),
+              ...);
+        },
+        joinables_);
     std::stable_sort(hinted.begin(), hinted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<std::size_t> sequence;
     for (const auto& h : hinted) sequence.push_back(h.second);
@@ -351,7 +354,8 @@ class JoinContext {
     throw mismatch_error(
         comm_.rank(), "JoinContext iteration " + std::to_string(round_.iteration),
         "training ranks disagree on the order in which the joinables issue their collectives (summed places per "
-        "joinable: " + sums + " over " + std::to_string(t) + " training ranks, which is not " + std::to_string(t) +
+        "joinable: " +
+            sums + " over " + std::to_string(t) + " training ranks, which is not " + std::to_string(t) +
             " times one order); " +
             (finished_ ? std::string("this rank has joined")
                        : "this rank issued them in the order " + order_text(learned_) +
@@ -392,8 +396,9 @@ class JoinContext {
       if (!round_.is_training[static_cast<std::size_t>(q)]) gone += (gone.empty() ? "" : ", ") + std::to_string(q);
     }
     throw early_termination(comm_.rank(), round_.iteration,
-                            "rank(s) " + gone + " ran out of data and throw_on_early_termination is set: every rank "
-                                                "stops in this iteration");
+                            "rank(s) " + gone +
+                                " ran out of data and throw_on_early_termination is set: every rank "
+                                "stops in this iteration");
   }
 
   const join_round& disabled_round() {

@@ -180,13 +180,13 @@ inline join_order_token make_join_order_token(std::shared_ptr<join_order_log> lo
 
 /// Everything one join bookkeeping collective told every rank about one iteration.
 struct join_round {
-  std::uint64_t iteration = 0;  ///< rounds since the context started
-  int world_size = 1;           ///< size of the communicator
-  int training = 1;             ///< ranks still training in this round
+  std::uint64_t iteration = 0;    ///< rounds since the context started
+  int world_size = 1;             ///< size of the communicator
+  int training = 1;               ///< ranks still training in this round
   std::vector<bool> is_training;  ///< per rank
-  int authoritative_rank = 0;   ///< highest rank still training (-1 if none)
-  int communicating = 0;        ///< training ranks that run the current joinable's collectives this round
-  join_hook_options options;    ///< the context's `join_options::hooks`
+  int authoritative_rank = 0;     ///< highest rank still training (-1 if none)
+  int communicating = 0;          ///< training ranks that run the current joinable's collectives this round
+  join_hook_options options;      ///< the context's `join_options::hooks`
   /// Given to the current joinable's `join_notified()` on a training rank: call
   /// `collective_issued()` on it (or on a copy) when the joinable issues its first collective of
   /// the iteration. Records nothing elsewhere (main hooks, the round `notify()` returns).
@@ -206,11 +206,11 @@ struct join_round {
 
 /// Given to post hooks once every rank has joined.
 struct join_summary {
-  bool is_last_joiner = true;   ///< this rank trained in the last round in which anyone trained
-  int authoritative_rank = 0;   ///< highest of the last joiners: the rank whose state is final
-  int world_size = 1;           ///< size of the communicator
-  std::uint64_t rounds = 0;     ///< iterations in which at least one rank trained
-  join_hook_options options;    ///< the context's `join_options::hooks`
+  bool is_last_joiner = true;  ///< this rank trained in the last round in which anyone trained
+  int authoritative_rank = 0;  ///< highest of the last joiners: the rank whose state is final
+  int world_size = 1;          ///< size of the communicator
+  std::uint64_t rounds = 0;    ///< iterations in which at least one rank trained
+  join_hook_options options;   ///< the context's `join_options::hooks`
 };
 
 /// The object a joinable's `join_hook()` returns: `main_hook(const join_round&)` and
@@ -231,7 +231,9 @@ concept joinable = requires(J& j, const join_hook_options& o) {
 namespace detail {
 template <class J>
 bool join_will_communicate(J& j) {
-  if constexpr (requires { { j.join_will_communicate() } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { j.join_will_communicate() } -> std::convertible_to<bool>;
+                }) {
     return j.join_will_communicate();
   } else {
     return true;
@@ -243,7 +245,9 @@ void join_notified(J& j, const join_round& r) {
 }
 template <class J>
 std::optional<join_phase> join_issue_phase(J& j) {
-  if constexpr (requires { { j.join_issue_phase() } -> std::convertible_to<join_phase>; }) {
+  if constexpr (requires {
+                  { j.join_issue_phase() } -> std::convertible_to<join_phase>;
+                }) {
     return j.join_issue_phase();
   } else {
     return std::nullopt;

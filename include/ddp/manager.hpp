@@ -163,11 +163,11 @@ struct manager_options {
 
 /// A quorum as the communicator factory sees it.
 struct quorum_info {
-  std::uint64_t generation = 0;       ///< increases with every quorum change
-  int rank = 0;                       ///< this replica's rank in the quorum
-  int size = 1;                       ///< members of the quorum
-  std::vector<std::string> members;   ///< replica ids in rank order
-  store_ref store;                    ///< namespace reserved for this generation's rendezvous
+  std::uint64_t generation = 0;      ///< increases with every quorum change
+  int rank = 0;                      ///< this replica's rank in the quorum
+  int size = 1;                      ///< members of the quorum
+  std::vector<std::string> members;  ///< replica ids in rank order
+  store_ref store;                   ///< namespace reserved for this generation's rendezvous
 };
 
 /// Builds the communicator of one quorum (gloo through the store, NCCL with its unique id in
@@ -187,12 +187,12 @@ struct manager_event {
 
 /// Counters a trainer can print.
 struct manager_stats {
-  std::uint64_t quorums = 0;         ///< quorum changes (communicators built)
-  std::uint64_t commits = 0;         ///< steps that committed
-  std::uint64_t discarded = 0;       ///< steps that did not commit
-  std::uint64_t heals = 0;           ///< times this replica received state
-  std::uint64_t healed_bytes = 0;    ///< state bytes received, over all heals
-  double heal_ms = 0;                ///< time spent in the last healing transfer
+  std::uint64_t quorums = 0;       ///< quorum changes (communicators built)
+  std::uint64_t commits = 0;       ///< steps that committed
+  std::uint64_t discarded = 0;     ///< steps that did not commit
+  std::uint64_t heals = 0;         ///< times this replica received state
+  std::uint64_t healed_bytes = 0;  ///< state bytes received, over all heals
+  double heal_ms = 0;              ///< time spent in the last healing transfer
 };
 
 /// Quorum could not be formed in time, or too many steps failed in a row.
@@ -277,9 +277,9 @@ class Manager {
     emit(manager_event::kind::discarded, "step " + std::to_string(step_) + " discarded: " +
                                              (vote[0] ? describe_error() : "fewer than min_replicas participants"));
     if (++consecutive_failures_ > opts_.max_consecutive_failures) {
-      throw manager_error(rank_, "Manager::should_commit",
-                          std::to_string(consecutive_failures_) + " consecutive steps failed to commit; last: " +
-                              describe_error());
+      throw manager_error(
+          rank_, "Manager::should_commit",
+          std::to_string(consecutive_failures_) + " consecutive steps failed to commit; last: " + describe_error());
     }
     return false;
   }
@@ -442,8 +442,7 @@ class Manager {
   }
 
   static std::int64_t wall_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
 
@@ -484,10 +483,11 @@ class Manager {
     std::string last_problem = "no attempt";
     for (;;) {
       if (clock::now() >= deadline) {
-        throw manager_error(rank_, "Manager::start_quorum",
-                            "no quorum within " + std::to_string(opts_.quorum_timeout.count()) +
-                                " ms (need at least " + std::to_string(opts_.min_replicas) +
-                                " replicas and a majority of the live previous members); last problem: " + last_problem);
+        throw manager_error(
+            rank_, "Manager::start_quorum",
+            "no quorum within " + std::to_string(opts_.quorum_timeout.count()) + " ms (need at least " +
+                std::to_string(opts_.min_replicas) +
+                " replicas and a majority of the live previous members); last problem: " + last_problem);
       }
       if (comm_) comm_.abort();
       comm_ = any_communicator();
@@ -586,8 +586,8 @@ class Manager {
       if (all[r * words + 2] != all[2] || all[r * words + 3] != all[3]) {
         throw usage_error(rank_, "Manager quorum " + std::to_string(generation_),
                           "replica " + members_[r] + " registered a different gradient layout or state size (" +
-                              std::to_string(all[r * words + 3]) + " state bytes) than replica " + members_[0] +
-                              " (" + std::to_string(all[3]) + ")");
+                              std::to_string(all[r * words + 3]) + " state bytes) than replica " + members_[0] + " (" +
+                              std::to_string(all[3]) + ")");
       }
     }
     // Up-to-date sources: non-fresh members at the highest step; at a job's start, rank 0.
@@ -620,11 +620,11 @@ class Manager {
   void heal(const std::vector<int>& sources, std::int64_t max_step, bool receiving) {
     const auto start = clock::now();
     timeline::scoped_span span(rec_, "manager", receiving ? "heal (receive)" : "heal (send)");
-    progress_meter meter(&opts_.progress, "heal", rank_, state_bytes(),
-                         (receiving ? "receiving state of step " : "sending state of step ") + std::to_string(max_step) +
-                             (receiving ? " from " + std::to_string(sources.size()) + " replica(s)"
-                                        : " to " + std::to_string(size_ - static_cast<int>(sources.size())) +
-                                              " recovering replica(s)"));
+    progress_meter meter(
+        &opts_.progress, "heal", rank_, state_bytes(),
+        (receiving ? "receiving state of step " : "sending state of step ") + std::to_string(max_step) +
+            (receiving ? " from " + std::to_string(sources.size()) + " replica(s)"
+                       : " to " + std::to_string(size_ - static_cast<int>(sources.size())) + " recovering replica(s)"));
     std::size_t chunk_index = 0;
     std::size_t moved = 0;
     // Chunk k of the concatenated state comes from sources[k % sources]: the sending load is
@@ -637,8 +637,10 @@ class Manager {
       for (std::size_t off = 0; off < t.count; off += per_chunk) {
         const tensor_view chunk = t.slice(off, std::min(per_chunk, t.count - off));
         const int root = sources[chunk_index++ % sources.size()];
-        transfers.push_back(comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root)
-                                .then([&meter, n = chunk.bytes()] { meter.add_bytes(n); }));
+        transfers.push_back(
+            comm_.broadcast(std::span<const tensor_view>(&chunk, 1), root).then([&meter, n = chunk.bytes()] {
+              meter.add_bytes(n);
+            }));
         moved += chunk.bytes();
       }
     }
@@ -670,7 +672,8 @@ class Manager {
                                             std::to_string(moved) + " bytes from " + std::to_string(sources.size()) +
                                             " up-to-date replica(s) in " + std::to_string(ms) + " ms");
     } else if (rank_ == sources.front()) {
-      emit(manager_event::kind::sent_state, "sent state of step " + std::to_string(max_step) + " to recovering replicas");
+      emit(manager_event::kind::sent_state,
+           "sent state of step " + std::to_string(max_step) + " to recovering replicas");
     }
   }
 

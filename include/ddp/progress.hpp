@@ -29,18 +29,18 @@ namespace ddp {
 
 /// One report on a long operation.
 struct progress_update {
-  const char* operation = "";  ///< static string: "heal", "gloo connect", "rendezvous"
-  int rank = -1;               ///< rank reporting (-1: not known yet)
-  std::string detail;          ///< what is happening, in words
-  std::uint64_t done_bytes = 0;   ///< bytes moved so far (transfers)
-  std::uint64_t total_bytes = 0;  ///< bytes to move; 0 if the operation is not a transfer
-  double elapsed_s = 0;           ///< since the operation started
-  double rate_bytes_per_s = 0;    ///< average rate so far (transfers)
-  double eta_s = -1;              ///< seconds left at that rate; -1 if unknown
-  int arrived = -1;               ///< members present (rendezvous); -1 if not a rendezvous
-  int expected = -1;              ///< members waited for (rendezvous); -1 if not known
+  const char* operation = "";        ///< static string: "heal", "gloo connect", "rendezvous"
+  int rank = -1;                     ///< rank reporting (-1: not known yet)
+  std::string detail;                ///< what is happening, in words
+  std::uint64_t done_bytes = 0;      ///< bytes moved so far (transfers)
+  std::uint64_t total_bytes = 0;     ///< bytes to move; 0 if the operation is not a transfer
+  double elapsed_s = 0;              ///< since the operation started
+  double rate_bytes_per_s = 0;       ///< average rate so far (transfers)
+  double eta_s = -1;                 ///< seconds left at that rate; -1 if unknown
+  int arrived = -1;                  ///< members present (rendezvous); -1 if not a rendezvous
+  int expected = -1;                 ///< members waited for (rendezvous); -1 if not known
   std::vector<std::string> missing;  ///< members not arrived yet, when known
-  bool finished = false;          ///< the last report of this operation
+  bool finished = false;             ///< the last report of this operation
 
   /// One line: "heal: 1.2 GiB of 3.0 GiB (40%), 310.5 MiB/s, 6.0 s left (detail)".
   [[nodiscard]] std::string describe() const {
@@ -155,9 +155,7 @@ class progress_meter {
   /// True if there is a sink to report to.
   [[nodiscard]] bool active() const noexcept { return sink_ != nullptr; }
   /// True if a report would reach a sink now (lets callers skip computing what they report).
-  [[nodiscard]] bool due() const noexcept {
-    return sink_ && std::chrono::steady_clock::now() - last_ >= every_;
-  }
+  [[nodiscard]] bool due() const noexcept { return sink_ && std::chrono::steady_clock::now() - last_ >= every_; }
   /// Adds moved bytes; reports if due.
   void add_bytes(std::uint64_t n) {
     u_.done_bytes += n;

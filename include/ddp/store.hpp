@@ -66,12 +66,12 @@ class store_ref {
  public:
   /// Refers to `s`, which must outlive the reference.
   template <store S>
-    requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
-  store_ref(S& s) noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
+  requires(!std::same_as<std::remove_cvref_t<S>, store_ref>) store_ref(S& s)
+  noexcept  // NOLINT(google-explicit-constructor): a reference converts implicitly
       : obj_(&s), vt_(&table_for<S>) {}
   template <store S>
-    requires(!std::same_as<std::remove_cvref_t<S>, store_ref>)
-  store_ref(S&&) = delete;  // would dangle
+  requires(!std::same_as<std::remove_cvref_t<S>, store_ref>) store_ref(S&&)
+  = delete;  // would dangle
 
   /// Replaces the value of `key` atomically.
   void set(std::string_view key, std::span<const std::byte> value) const { vt_->set(obj_, key, value); }

@@ -54,20 +54,22 @@ struct straggler_report {
   /// False when no exchange ran in this step (`straggler_every` is 0 or the step was not due),
   /// or when the exchange carried no data (e.g. a Manager skipped it after a failed step).
   bool valid = false;
-  std::uint64_t iteration = 0;       ///< the Bucketer's synchronised iteration it describes
-  int slowest_rank = -1;             ///< the rank the others waited for (shortest arrival wait)
-  double slowest_late_ms = 0;        ///< how long after the earliest rank the slowest arrived
-  double ready_span_spread_ms = 0;   ///< max - min of the training ranks' ready spans (backward times)
-  double max_finalize_wait_ms = 0;   ///< the longest finalize() wait of any rank
-  std::vector<rank_timing> ranks;    ///< per rank
+  std::uint64_t iteration = 0;      ///< the Bucketer's synchronised iteration it describes
+  int slowest_rank = -1;            ///< the rank the others waited for (shortest arrival wait)
+  double slowest_late_ms = 0;       ///< how long after the earliest rank the slowest arrived
+  double ready_span_spread_ms = 0;  ///< max - min of the training ranks' ready spans (backward times)
+  double max_finalize_wait_ms = 0;  ///< the longest finalize() wait of any rank
+  std::vector<rank_timing> ranks;   ///< per rank
 
   /// One line: "step 12: slowest rank 2, arrived 31.20 ms after the earliest; backward spread
   /// 30.95 ms; finalize waits 31.4/0.3/30.8 ms".
   [[nodiscard]] std::string describe() const {
     if (!valid) return "no straggler report";
     char buf[256];
-    std::snprintf(buf, sizeof buf, "step %llu: slowest rank %d, arrived %.2f ms after the earliest; backward spread %.2f ms; finalize waits ",
-                  static_cast<unsigned long long>(iteration), slowest_rank, slowest_late_ms, ready_span_spread_ms);
+    std::snprintf(
+        buf, sizeof buf,
+        "step %llu: slowest rank %d, arrived %.2f ms after the earliest; backward spread %.2f ms; finalize waits ",
+        static_cast<unsigned long long>(iteration), slowest_rank, slowest_late_ms, ready_span_spread_ms);
     std::string s = buf;
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       std::snprintf(buf, sizeof buf, "%s%.1f", r ? "/" : "", ranks[r].finalize_wait_ms);

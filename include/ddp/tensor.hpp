@@ -11,7 +11,9 @@
 ///   static void* data(my::Tensor& t) { return t.ptr; }
 ///   static std::int64_t size(const my::Tensor& t) { return t.numel; }  // any integer type
 ///   static ddp::dtype dtype(const my::Tensor& t) { return t.is_half ? ddp::dtype::f16 : ddp::dtype::f32; }
-///   static ddp::device device(const my::Tensor& t) { return t.on_gpu ? ddp::device::cuda(t.gpu) : ddp::device::host(); }
+///   static ddp::device device(const my::Tensor& t) {
+///     return t.on_gpu ? ddp::device::cuda(t.gpu) : ddp::device::host();
+///   }
 /// };
 /// @endcode
 /// A handle type whose copies share one storage (like `at::Tensor`) declares
@@ -37,8 +39,8 @@ namespace ddp {
 
 /// Non-owning view of a tensor's memory (DLPack-shaped, without shape: the library only needs bytes).
 struct tensor_view {
-  void* data = nullptr;   ///< first element (host or device pointer, per `where`)
-  std::size_t count = 0;  ///< number of elements
+  void* data = nullptr;                ///< first element (host or device pointer, per `where`)
+  std::size_t count = 0;               ///< number of elements
   ddp::dtype type = dtype::f32;        ///< element type
   ddp::device where = device::host();  ///< memory `data` points into
 
@@ -66,20 +68,16 @@ struct tensor_traits {};
 
 /// Contiguous sized ranges of element types are tensors out of the box (host memory).
 template <class R>
-  requires std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-           element<std::ranges::range_value_t<R>> &&
-           (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
-struct tensor_traits<R> {
+requires std::ranges::contiguous_range<R> && std::ranges::sized_range<R> && element<std::ranges::range_value_t<R>> &&
+    (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)struct tensor_traits<R> {
   using value_type = std::ranges::range_value_t<R>;  ///< element type of the range
   /// A borrowed, copyable range (`std::span<float>`) is a view: its copies share the elements.
   static constexpr bool is_handle = std::ranges::borrowed_range<R> && std::copyable<R>;
   /// `std::ranges::data(r)`.
   static void* data(R& r) noexcept { return static_cast<void*>(std::ranges::data(r)); }
   /// `std::ranges::data(r)` of a const range whose elements stay mutable (`const std::span<float>`).
-  static void* data(const R& r) noexcept
-    requires std::ranges::contiguous_range<const R> &&
-             (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<const R>>>)
-  {
+  static void* data(const R& r) noexcept requires std::ranges::contiguous_range<const R> &&
+      (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<const R>>>) {
     return static_cast<void*>(std::ranges::data(r));
   }
   /// `std::ranges::size(r)`, in elements.
@@ -138,7 +136,9 @@ concept tensor = requires(std::remove_reference_t<T>& t, const std::remove_cvref
 /// (`std::vector`, whose copy is another buffer).
 template <class T>
 inline constexpr bool is_tensor_handle_v = [] {
-  if constexpr (requires { { detail::traits_of<T>::is_handle } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { detail::traits_of<T>::is_handle } -> std::convertible_to<bool>;
+                }) {
     return static_cast<bool>(detail::traits_of<T>::is_handle);
   } else {
     return false;
@@ -161,13 +161,15 @@ constexpr void explain_not_a_tensor() {
                   "this type is not a ddp::tensor: it is neither a contiguous sized range of a ddp element type "
                   "(std::vector<float>, std::span<double>, ...) nor a type with a ddp::tensor_traits<T> specialisation "
                   "providing data(T&), size(const T&), dtype(const T&) and device(const T&) (see docs/tensors.md)");
-  } else if constexpr (std::is_const_v<U> && !requires(U& t) { traits_of<T>::data(t); }) {
+  } else if constexpr (std::is_const_v<U> && !requires(U & t) { traits_of<T>::data(t); }) {
     static_assert(!std::is_const_v<U>,
                   "a const T is not a ddp::tensor: ddp::tensor_traits<T>::data takes a non-const T&, so the library "
                   "cannot write through a const one. Pass a non-const T, or, for a handle type whose constness does "
                   "not protect its data (like at::Tensor), declare `static void* data(const T&)` and `static "
                   "constexpr bool is_handle = true;` in ddp::tensor_traits<T> (see docs/tensors.md)");
-  } else if constexpr (!requires(U& t) { { traits_of<T>::data(t) } -> std::convertible_to<void*>; }) {
+  } else if constexpr (!requires(U & t) {
+                         { traits_of<T>::data(t) } -> std::convertible_to<void*>;
+                       }) {
     static_assert(not_a_tensor_v<T>,
                   "this type is not a ddp::tensor: ddp::tensor_traits<T>::data must return a mutable pointer "
                   "(convertible to void*; a pointer to const data cannot be written)");
@@ -180,7 +182,8 @@ constexpr void explain_not_a_tensor() {
   } else if constexpr (!requires(const std::remove_cvref_t<T>& t) {
                          { traits_of<T>::dtype(t) } -> std::convertible_to<ddp::dtype>;
                        }) {
-    static_assert(not_a_tensor_v<T>, "this type is not a ddp::tensor: ddp::tensor_traits<T>::dtype must return ddp::dtype");
+    static_assert(not_a_tensor_v<T>,
+                  "this type is not a ddp::tensor: ddp::tensor_traits<T>::dtype must return ddp::dtype");
   } else {
     static_assert(tensor<T>, "this type is not a ddp::tensor: ddp::tensor_traits<T>::device must return ddp::device");
   }
@@ -211,7 +214,7 @@ template <class N>
 /// `tensor<const T>` holds (a handle whose traits take `const T&`).
 /// @throws usage_error if the traits report a negative element count
 template <class T>
-  requires detail::viewable<T>
+requires detail::viewable<T>
 [[nodiscard]] tensor_view view(T& t) {
   if constexpr (std::same_as<std::remove_cvref_t<T>, tensor_view>) {
     return t;
@@ -224,8 +227,7 @@ template <class T>
 
 /// Any other type: a compile error that names the `ddp::tensor` concept and what to fix.
 template <class T>
-  requires(!detail::viewable<T>)
-tensor_view view(T&) {
+requires(!detail::viewable<T>) tensor_view view(T&) {
   detail::explain_not_a_tensor<T>();
   return {};
 }

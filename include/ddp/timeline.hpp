@@ -85,13 +85,13 @@ struct track_ref {
 
 /// One recorded event.
 struct event {
-  clock::time_point start{};   ///< begin (instants: the moment)
-  clock::time_point end{};     ///< end (instants: equal to start)
-  track_ref track{""};         ///< where it is drawn
-  const char* name = "";       ///< static string
-  bool instant = false;        ///< a mark rather than an interval
-  std::array<arg, 3> args{};   ///< up to three numbers
-  std::string detail;          ///< optional text (rare events only: it allocates)
+  clock::time_point start{};  ///< begin (instants: the moment)
+  clock::time_point end{};    ///< end (instants: equal to start)
+  track_ref track{""};        ///< where it is drawn
+  const char* name = "";      ///< static string
+  bool instant = false;       ///< a mark rather than an interval
+  std::array<arg, 3> args{};  ///< up to three numbers
+  std::string detail;         ///< optional text (rare events only: it allocates)
 };
 
 /// Knobs of a recorder.
@@ -143,8 +143,8 @@ inline void write_number(std::ostream& os, double v) {
 
 // Order of the known tracks in a rank's group; unknown ones follow, by name.
 inline int track_rank(std::string_view name) {
-  constexpr std::array<std::string_view, 8> order{"step", "backward", "bucket", "finalize",
-                                                  "buffers", "join", "manager", "progress"};
+  constexpr std::array<std::string_view, 8> order{"step",    "backward", "bucket",  "finalize",
+                                                  "buffers", "join",     "manager", "progress"};
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (order[i] == name) return static_cast<int>(i);
   }
@@ -321,7 +321,9 @@ class recorder {
     std::vector<std::size_t> tid(tracks.size());
     for (std::size_t pos = 0; pos < order.size(); ++pos) tid[order[pos]] = pos + 1;
 
-    const char* src_name = src == clock_source::shared ? "shared" : src == clock_source::estimated ? "estimated" : "local";
+    const char* src_name = src == clock_source::shared      ? "shared"
+                           : src == clock_source::estimated ? "estimated"
+                                                            : "local";
     os << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"ddp_rank\":" << pid << ",\"clock\":\"" << src_name
        << "\",\"clock_offset_us\":";
     detail::write_number(os, static_cast<double>(offset) / 1e3);
@@ -335,8 +337,8 @@ class recorder {
     os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":0,\"args\":{\"name\":\"rank " << pid
        << "\"}}";
     next();
-    os << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":0,\"args\":{\"sort_index\":"
-       << pid << "}}";
+    os << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << pid
+       << ",\"tid\":0,\"args\":{\"sort_index\":" << pid << "}}";
     for (std::size_t i = 0; i < tracks.size(); ++i) {
       next();
       os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":" << tid[i]

@@ -38,8 +38,9 @@ class training_state {
   /// @throws usage_error if `v` is not in host memory
   training_state& add(tensor_view v) {
     if (!v.where.is_host()) {
-      throw usage_error(-1, "training_state::add", "tensor " + std::to_string(tensors_.size()) + " is on " +
-                                                       v.where.str() + "; state transfer needs host memory");
+      throw usage_error(-1, "training_state::add",
+                        "tensor " + std::to_string(tensors_.size()) + " is on " + v.where.str() +
+                            "; state transfer needs host memory");
     }
     tensors_.push_back(v);
     return *this;

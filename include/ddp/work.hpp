@@ -46,13 +46,13 @@ inline constexpr std::chrono::milliseconds default_timeout{std::chrono::minutes(
 
 /// What an operation is: enough to name it in an error on any rank. Cheap to copy (no strings).
 struct op_info {
-  int rank = -1;          ///< rank that issued the operation
-  const char* name = "";  ///< static string: "allreduce", "broadcast", ...
-  std::uint64_t seq = 0;  ///< position in the communicator's sequence of collectives
-  ddp::dtype type = dtype::f32;  ///< element type (of the call's first tensor)
-  std::size_t count = 0;  ///< total elements over all tensors of the call
-  int root = -1;          ///< broadcast root, or -1
-  reduce_op op = reduce_op::sum;  ///< reduction of an allreduce / reduce_scatter
+  int rank = -1;                                        ///< rank that issued the operation
+  const char* name = "";                                ///< static string: "allreduce", "broadcast", ...
+  std::uint64_t seq = 0;                                ///< position in the communicator's sequence of collectives
+  ddp::dtype type = dtype::f32;                         ///< element type (of the call's first tensor)
+  std::size_t count = 0;                                ///< total elements over all tensors of the call
+  int root = -1;                                        ///< broadcast root, or -1
+  reduce_op op = reduce_op::sum;                        ///< reduction of an allreduce / reduce_scatter
   std::chrono::milliseconds timeout = default_timeout;  ///< deadline of `work::wait()`
 
   /// "allreduce #12 (sum, f32 x 1024)"

@@ -116,14 +116,14 @@ inline void seed_003(ddp::communicator_ref comm, bool emplaced) {
 
   const std::int64_t pos = static_cast<std::int64_t>(size) * (size + 1) / 2;
   const std::int64_t neg = static_cast<std::int64_t>(size) * (size - 1) + 3 * size;
-  SUITE_EXPECT(c[0] == pos && c[1] == neg, "global counts: got " << c[0] << "/" << c[1] << ", want " << pos << "/" << neg);
+  SUITE_EXPECT(c[0] == pos && c[1] == neg,
+               "global counts: got " << c[0] << "/" << c[1] << ", want " << pos << "/" << neg);
   for (std::size_t i = 0; i < m.size(); ++i) {
     SUITE_EXPECT(m[i] == 0.5f * static_cast<float>(i), "running mean from rank 0 at " << i << ": " << m[i]);
   }
   const auto& s = buffers.stats();
   SUITE_EXPECT(s.groups == 2, "groups " << s.groups);
-  SUITE_EXPECT(s.collectives_per_sync == 2 && s.last_sync_collectives == 2 && s.collectives == 2,
-               "collectives: " << s);
+  SUITE_EXPECT(s.collectives_per_sync == 2 && s.last_sync_collectives == 2 && s.collectives == 2, "collectives: " << s);
   SUITE_EXPECT(emplaced ? s.bytes_copied == 0 : true, "view path copied " << s.bytes_copied << " bytes");
 }
 
@@ -427,8 +427,8 @@ inline void views_and_copies(ddp::communicator_ref comm) {
     fill(ddp::view(v), rank);
     buffers.sync();
     for (std::size_t i = 0; i < v.size(); ++i) {
-      SUITE_EXPECT(v[i] == static_cast<std::int32_t>(expected_over(ddp::reduce_op::max, ddp::dtype::i32,
-                                                                    all_ranks(size), i, size)),
+      SUITE_EXPECT(v[i] == static_cast<std::int32_t>(
+                               expected_over(ddp::reduce_op::max, ddp::dtype::i32, all_ranks(size), i, size)),
                    "reallocated container not written");
     }
     w.resize(6);
@@ -529,7 +529,8 @@ inline void local_errors(ddp::communicator_ref comm) {
     buffers.build();
     std::vector<float> late(1);
     expect_usage_error([&] { buffers.add(late); }, {"buffer #5", "after build()", me}, "add after build");
-    expect_usage_error([&] { (void)buffers.emplace<float>(1); }, {"buffer #5", "after build()", me}, "emplace after build");
+    expect_usage_error([&] { (void)buffers.emplace<float>(1); }, {"buffer #5", "after build()", me},
+                       "emplace after build");
   }
   expect_usage_error([&] { ddp::BufferReducer buffers(comm, ddp::buffer_reducer_options{.period = 0}); },
                      {"period", me}, "period 0");
@@ -662,8 +663,8 @@ inline void join_every_strategy(ddp::communicator_ref comm) {
       add(st::broadcast{.root = 0}, ddp::reduce_op::sum, false, 0, ddp::dtype::f32, 3);
       add(st::broadcast{.root = 0}, ddp::reduce_op::sum, false, 0, ddp::dtype::f32, 5);
       add(st::allreduce_max{}, ddp::reduce_op::max, true, -1, ddp::dtype::i32, 4);
-      add(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}, ddp::reduce_op::avg, true, -1,
-          ddp::dtype::f64, 6, size);
+      add(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}, ddp::reduce_op::avg, true, -1, ddp::dtype::f64,
+          6, size);
       add(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}, ddp::reduce_op::avg, true, -1,
           ddp::dtype::f32, 5, round.divisor());
       add(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}, ddp::reduce_op::avg, true, -1,
@@ -778,8 +779,8 @@ inline void join_batchnorm_statistics(ddp::communicator_ref comm) {
     grads.mark_ready(0);
     grads.finalize();
     const float want = static_cast<float>(round.training) / static_cast<float>(size);
-    SUITE_EXPECT(std::abs(grad[0] - want) < 1e-6f, where << ": gradient " << grad[0] << ", want " << want
-                                                         << " (gradients divide by the world size)");
+    SUITE_EXPECT(std::abs(grad[0] - want) < 1e-6f,
+                 where << ": gradient " << grad[0] << ", want " << want << " (gradients divide by the world size)");
   }
   join.finish();
   SUITE_EXPECT(running_mean[0] == 10.0f && running_var[0] == 4.0f,
@@ -878,8 +879,8 @@ inline void expect_summed(const handle_module& m, int size, const std::string& w
   const auto everyone = all_ranks(size);
   for (std::size_t k = 0; k < m.running.size(); ++k) {
     for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
-      const double want = expected_over(ddp::reduce_op::sum, ddp::dtype::f32, everyone, i, size) +
-                          static_cast<double>(k) * size;
+      const double want =
+          expected_over(ddp::reduce_op::sum, ddp::dtype::f32, everyone, i, size) + static_cast<double>(k) * size;
       expect_close(m.running[k][i], want, ddp::dtype::f32, where + ", buffer " + std::to_string(k));
     }
   }

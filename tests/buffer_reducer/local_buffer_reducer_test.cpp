@@ -207,10 +207,10 @@ TEST_CASE("local: buffers of the trainer's own tensor type, mixed dtypes", "[loc
     SUITE_EXPECT(buffers.stats().groups == 3 && buffers.stats().last_sync_collectives == 3, buffers.stats());
     for (auto& t : tensors) {
       for (std::size_t i = 0; i < t.numel; ++i) {
-        br_suite::expect_close(br_suite::get(ddp::view(t), i),
-                               br_suite::expected_over(ddp::reduce_op::sum, t.type, br_suite::all_ranks(comm.size()),
-                                                       i, comm.size()),
-                               t.type, "trainer tensor");
+        br_suite::expect_close(
+            br_suite::get(ddp::view(t), i),
+            br_suite::expected_over(ddp::reduce_op::sum, t.type, br_suite::all_ranks(comm.size()), i, comm.size()),
+            t.type, "trainer tensor");
       }
     }
   });

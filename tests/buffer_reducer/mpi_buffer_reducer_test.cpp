@@ -73,7 +73,8 @@ TEST_CASE("mpi: join hooks, by hand-made rounds and with the JoinContext", "[mpi
   }
 }
 
-TEST_CASE("mpi: a rank that does not sync costs the others one timeout for all groups", "[mpi][buffer_reducer][timeout]") {
+TEST_CASE("mpi: a rank that does not sync costs the others one timeout for all groups",
+          "[mpi][buffer_reducer][timeout]") {
   constexpr auto timeout = std::chrono::milliseconds(400);
   auto comm = ddp::mpi::communicator::world({.timeout = timeout});
   // Deliberately never freed: after a timeout MPI may still write the buffers (the leaked

@@ -77,7 +77,8 @@ TEST_CASE("strategy knobs are aggregates with names and equality", "[buffer_redu
   CHECK_FALSE(st::none{}.communicates());
   // issue #13 (8): a mean's divisor under join is a knob; the default keeps the old name
   CHECK(st::allreduce_mean{}.divide_by == st::mean_divisor::training_ranks);
-  CHECK(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}.name() == "allreduce(avg, divided by world size)");
+  CHECK(st::allreduce_mean{.divide_by = st::mean_divisor::world_size}.name() ==
+        "allreduce(avg, divided by world size)");
   CHECK(st::allreduce_mean{.divide_by = st::mean_divisor::join_options}.name() ==
         "allreduce(avg, divided by join options)");
   CHECK(st::allreduce_mean{} != st::allreduce_mean{.divide_by = st::mean_divisor::world_size});
@@ -142,12 +143,12 @@ TEST_CASE("options and stats are comparable and printable", "[buffer_reducer][un
 TEST_CASE("flat_layout groups by strategy, dtype and device, in first-registration order", "[buffer_reducer][unit]") {
   using ddp::detail::flat_member;
   const std::vector<flat_member> members{
-      {0, ddp::dtype::f32, ddp::device::host(), 4, false},    // group 0
-      {1, ddp::dtype::f32, ddp::device::host(), 2, false},    // group 1 (other strategy)
-      {0, ddp::dtype::f32, ddp::device::host(), 3, true},     // group 0
-      {0, ddp::dtype::i64, ddp::device::host(), 5, false},    // group 2 (other dtype), alone: no storage
-      {0, ddp::dtype::f32, ddp::device::cuda(0), 7, false},   // group 3 (device): no storage
-      {0, ddp::dtype::f32, ddp::device::cuda(0), 1, false},   // group 3
+      {0, ddp::dtype::f32, ddp::device::host(), 4, false},   // group 0
+      {1, ddp::dtype::f32, ddp::device::host(), 2, false},   // group 1 (other strategy)
+      {0, ddp::dtype::f32, ddp::device::host(), 3, true},    // group 0
+      {0, ddp::dtype::i64, ddp::device::host(), 5, false},   // group 2 (other dtype), alone: no storage
+      {0, ddp::dtype::f32, ddp::device::cuda(0), 7, false},  // group 3 (device): no storage
+      {0, ddp::dtype::f32, ddp::device::cuda(0), 1, false},  // group 3
   };
   const ddp::detail::flat_layout layout(members);
   REQUIRE(layout.groups().size() == 4);

@@ -23,13 +23,13 @@ struct suite_failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-#define SUITE_EXPECT(cond, msg)                                                                  \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      std::ostringstream os_;                                                                    \
-      os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg;                     \
-      throw ::suite::suite_failure(os_.str());                                                   \
-    }                                                                                            \
+#define SUITE_EXPECT(cond, msg)                                              \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::ostringstream os_;                                                \
+      os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg; \
+      throw ::suite::suite_failure(os_.str());                               \
+    }                                                                        \
   } while (0)
 
 inline const std::vector<ddp::dtype>& all_dtypes() {
@@ -222,8 +222,9 @@ inline void large_allreduce(ddp::communicator_ref comm) {
     SUITE_EXPECT(v[i] == static_cast<float>(expected_reduction(ddp::reduce_op::sum, ddp::dtype::f32, comm.size(), i)),
                  "large allreduce at " << i);
   }
-  SUITE_EXPECT(v[n - 1] == static_cast<float>(expected_reduction(ddp::reduce_op::sum, ddp::dtype::f32, comm.size(), n - 1)),
-               "large allreduce last element");
+  SUITE_EXPECT(
+      v[n - 1] == static_cast<float>(expected_reduction(ddp::reduce_op::sum, ddp::dtype::f32, comm.size(), n - 1)),
+      "large allreduce last element");
 }
 
 /// `call()` must throw a usage_error on this rank, naming the rank, the collective (`op`, in the
@@ -264,51 +265,46 @@ inline void usage_errors(ddp::communicator_ref comm) {
       "allreduce", {"needs host memory", "got a tensor on cuda:0"});
 
   const std::array<ddp::tensor_view, 2> second_on_device{ddp::view(host), on_device};
-  expect_usage_error(
-      comm, "device memory as the second tensor of a coalesced call",
-      [&] { return comm.allreduce(second_on_device, ddp::reduce_op::sum); }, "allreduce",
-      {"got a tensor on cuda:0 (tensor #1 of 2)"});
+  expect_usage_error(comm, "device memory as the second tensor of a coalesced call",
+                     [&] { return comm.allreduce(second_on_device, ddp::reduce_op::sum); }, "allreduce",
+                     {"got a tensor on cuda:0 (tensor #1 of 2)"});
 
   const std::array<ddp::tensor_view, 2> second_without_data{ddp::view(host),
                                                             ddp::tensor_view{nullptr, 4, ddp::dtype::f32, {}}};
-  expect_usage_error(
-      comm, "a tensor with elements but no data pointer", [&] { return comm.broadcast(second_without_data, 0); },
-      "broadcast", {"tensor #1 of 2 has 4 elements but no data pointer"});
+  expect_usage_error(comm, "a tensor with elements but no data pointer",
+                     [&] { return comm.broadcast(second_without_data, 0); }, "broadcast",
+                     {"tensor #1 of 2 has 4 elements but no data pointer"});
 
-  expect_usage_error(
-      comm, "a broadcast root that is not a rank", [&] { return comm.broadcast(host, comm.size()); }, "broadcast",
-      {"root " + n_ranks + " is not a rank of a communicator of size " + n_ranks});
+  expect_usage_error(comm, "a broadcast root that is not a rank", [&] { return comm.broadcast(host, comm.size()); },
+                     "broadcast", {"root " + n_ranks + " is not a rank of a communicator of size " + n_ranks});
 
   std::vector<float> small(3), big(3 * size + 2);
-  expect_usage_error(
-      comm, "allgather with a wrong output size", [&] { return comm.allgather(ddp::view(small), ddp::view(big)); },
-      "allgather",
-      {"output has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
-       " (input count 3 x size " + n_ranks + ")"});
-  expect_usage_error(
-      comm, "reduce_scatter with a wrong input size",
-      [&] { return comm.reduce_scatter(ddp::view(big), ddp::view(small), ddp::reduce_op::sum); }, "reduce_scatter",
-      {"input has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
-       " (output count 3 x size " + n_ranks + ")"});
+  expect_usage_error(comm, "allgather with a wrong output size",
+                     [&] { return comm.allgather(ddp::view(small), ddp::view(big)); }, "allgather",
+                     {"output has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
+                      " (input count 3 x size " + n_ranks + ")"});
+  expect_usage_error(comm, "reduce_scatter with a wrong input size",
+                     [&] { return comm.reduce_scatter(ddp::view(big), ddp::view(small), ddp::reduce_op::sum); },
+                     "reduce_scatter",
+                     {"input has " + std::to_string(big.size()) + " elements, expected " + std::to_string(3 * size) +
+                      " (output count 3 x size " + n_ranks + ")"});
 
   std::vector<double> wide(3 * size);
-  expect_usage_error(
-      comm, "allgather between dtypes", [&] { return comm.allgather(ddp::view(small), ddp::view(wide)); },
-      "allgather", {"input dtype f32 differs from output dtype f64"});
+  expect_usage_error(comm, "allgather between dtypes",
+                     [&] { return comm.allgather(ddp::view(small), ddp::view(wide)); }, "allgather",
+                     {"input dtype f32 differs from output dtype f64"});
 
   // Overlaps: an allgather's input may only be this rank's own block of the output; a
   // reduce_scatter's input and output may not overlap at all.
   std::vector<float> shared(4 * size + 4);
   const ddp::tensor_view whole = ddp::view(shared).slice(0, 4 * size);
   const ddp::tensor_view off_block = ddp::view(shared).slice(static_cast<std::size_t>(comm.rank()) * 4 + 1, 4);
-  expect_usage_error(
-      comm, "allgather whose input overlaps the output off its block",
-      [&] { return comm.allgather(off_block, whole); }, "allgather", {"input overlaps output"});
+  expect_usage_error(comm, "allgather whose input overlaps the output off its block",
+                     [&] { return comm.allgather(off_block, whole); }, "allgather", {"input overlaps output"});
   const ddp::tensor_view tail = ddp::view(shared).slice(4 * size - 2, 4);
-  expect_usage_error(
-      comm, "reduce_scatter with overlapping input and output",
-      [&] { return comm.reduce_scatter(whole, tail, ddp::reduce_op::sum); }, "reduce_scatter",
-      {"input and output overlap"});
+  expect_usage_error(comm, "reduce_scatter with overlapping input and output",
+                     [&] { return comm.reduce_scatter(whole, tail, ddp::reduce_op::sum); }, "reduce_scatter",
+                     {"input and output overlap"});
 
   // None of the refused calls was issued: the next collective matches on every rank.
   std::vector<std::int64_t> one{1};
@@ -331,9 +327,9 @@ inline void run_all(ddp::communicator_ref comm) {
 /// Coalesced allreduce with several tensors per dtype, interleaved (backends that stage each
 /// dtype group copy them in and out), for every op; `big` elements make one group large.
 inline void allreduce_coalesced_groups(ddp::communicator_ref comm, std::size_t big) {
-  const std::vector<ddp::dtype> types{ddp::dtype::f32, ddp::dtype::i64, ddp::dtype::f16, ddp::dtype::f32,
+  const std::vector<ddp::dtype> types{ddp::dtype::f32,  ddp::dtype::i64, ddp::dtype::f16, ddp::dtype::f32,
                                       ddp::dtype::bf16, ddp::dtype::i64, ddp::dtype::f16, ddp::dtype::bf16,
-                                      ddp::dtype::u8, ddp::dtype::f32};
+                                      ddp::dtype::u8,   ddp::dtype::f32};
   for (ddp::reduce_op op : all_ops()) {
     std::vector<buffer> bufs;
     for (std::size_t k = 0; k < types.size(); ++k) {
@@ -364,7 +360,8 @@ inline void large_allreduces_in_flight(ddp::communicator_ref comm, std::size_t n
   std::vector<std::vector<float>> bufs(4, std::vector<float>(n));
   std::vector<ddp::work> works;
   for (std::size_t k = 0; k < bufs.size(); ++k) {
-    for (std::size_t i = 0; i < n; ++i) bufs[k][i] = static_cast<float>(value(comm.rank(), i + k) + static_cast<double>(k));
+    for (std::size_t i = 0; i < n; ++i)
+      bufs[k][i] = static_cast<float>(value(comm.rank(), i + k) + static_cast<double>(k));
     works.push_back(comm.allreduce(bufs[k], k % 2 ? ddp::reduce_op::avg : ddp::reduce_op::sum));
   }
   for (std::size_t k = works.size(); k-- > 0;) works[k].wait();
@@ -373,7 +370,8 @@ inline void large_allreduces_in_flight(ddp::communicator_ref comm, std::size_t n
       double want = 0;
       for (int r = 0; r < comm.size(); ++r) want += value(r, i + k) + static_cast<double>(k);
       if (k % 2) want /= comm.size();
-      expect_close(bufs[k][i], want, ddp::dtype::f32, "large in flight " + std::to_string(k) + " i=" + std::to_string(i));
+      expect_close(bufs[k][i], want, ddp::dtype::f32,
+                   "large in flight " + std::to_string(k) + " i=" + std::to_string(i));
     }
   }
 }

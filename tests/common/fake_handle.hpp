@@ -19,9 +19,7 @@ struct handle {
   explicit handle(std::size_t n, float fill = 0.0f) : storage(std::make_shared<std::vector<float>>(n, fill)) {}
 
   [[nodiscard]] float* data() const noexcept { return storage ? storage->data() : nullptr; }
-  [[nodiscard]] std::int64_t numel() const noexcept {
-    return storage ? static_cast<std::int64_t>(storage->size()) : 0;
-  }
+  [[nodiscard]] std::int64_t numel() const noexcept { return storage ? static_cast<std::int64_t>(storage->size()) : 0; }
   float& operator[](std::size_t i) const { return (*storage)[i]; }
 };
 

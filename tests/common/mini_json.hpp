@@ -17,8 +17,8 @@ struct value {
   bool b = false;
   double n = 0;
   std::string s;
-  std::vector<value> items;        // array elements, or object values
-  std::vector<std::string> keys;   // object keys (parallel to items)
+  std::vector<value> items;       // array elements, or object values
+  std::vector<std::string> keys;  // object keys (parallel to items)
 
   [[nodiscard]] bool is_object() const { return k == kind::object; }
   [[nodiscard]] bool is_array() const { return k == kind::array; }

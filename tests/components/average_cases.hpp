@@ -76,8 +76,8 @@ inline void expect_same_bits(const buffer& got, const buffer& reference, const s
   for (std::size_t k = 0; k < got.count(); ++k) {
     const std::size_t w = ddp::size_of(got.type);
     SUITE_EXPECT(std::memcmp(got.bytes.data() + k * w, reference.bytes.data() + k * w, w) == 0,
-                 where << ": element " << k << " is " << got.get(k) << ", allreduce_average gave "
-                       << reference.get(k) << " (different bits)");
+                 where << ": element " << k << " is " << got.get(k) << ", allreduce_average gave " << reference.get(k)
+                       << " (different bits)");
   }
 }
 
@@ -93,7 +93,7 @@ inline buffer through_bucketer(ddp::communicator_ref comm, ddp::dtype t, bool ze
   if (configure) configure(b);
   b.build();
   for (int step = 0; step < 2; ++step) {  // twice: the second step reuses everything
-    fill(g, comm.rank());  // in place: the Bucketer holds a view of g
+    fill(g, comm.rank());                 // in place: the Bucketer holds a view of g
     if (zero_copy) std::memcpy(b.gradient_view(0).data, g.bytes.data(), g.bytes.size());
     b.mark_ready(0);
     b.finalize();
@@ -140,7 +140,8 @@ inline void every_caller_same_bits(ddp::communicator_ref comm, const std::string
   for (ddp::dtype t : {ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32}) {
     buffer reference = inputs(t, comm.rank());
     ddp::allreduce_average(comm, reference.view(), comm.size()).wait();
-    const std::string on = backend + ", " + std::string(ddp::name_of(t)) + ", " + std::to_string(comm.size()) + " ranks";
+    const std::string on =
+        backend + ", " + std::string(ddp::name_of(t)) + ", " + std::to_string(comm.size()) + " ranks";
     expect_mean(reference, comm.size(), "allreduce_average on " + on);
     suite::expect_same_bits_everywhere(comm, reference, "allreduce_average on " + on);
     for (const auto& [name, run] : all) {
@@ -170,12 +171,13 @@ inline void integers_truncate(ddp::communicator_ref comm) {
   for (int divisor : {comm.size(), std::max(1, comm.size() - 1)}) {
     std::vector<std::int32_t> v(10);
     for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<std::int32_t>(k) * 7 + comm.rank() - 20;
-    ddp::allreduce_average(comm, ddp::tensor_view{v.data(), v.size(), ddp::dtype::i32, ddp::device::host()}, divisor).wait();
+    ddp::allreduce_average(comm, ddp::tensor_view{v.data(), v.size(), ddp::dtype::i32, ddp::device::host()}, divisor)
+        .wait();
     for (std::size_t k = 0; k < v.size(); ++k) {
       std::int64_t sum = 0;
       for (int r = 0; r < comm.size(); ++r) sum += static_cast<std::int64_t>(k) * 7 + r - 20;
-      SUITE_EXPECT(v[k] == sum / divisor, "integer average over " << divisor << " of " << comm.size() << " ranks: "
-                                                                  << v[k] << " != " << sum / divisor);
+      SUITE_EXPECT(v[k] == sum / divisor, "integer average over " << divisor << " of " << comm.size()
+                                                                  << " ranks: " << v[k] << " != " << sum / divisor);
     }
   }
 }

@@ -73,7 +73,8 @@ TEST_CASE("averaging: the Manager's comm hook gives the bits of every other call
           mgr.start_quorum();
           SUITE_EXPECT(mgr.size() == n, "quorum of " << mgr.size() << ", want " << n);
           const average_cases::caller hook = [&mgr](ddp::communicator_ref c, ddp::dtype t) {
-            return average_cases::through_bucketer(c, t, false, [&mgr](auto& b) { b.register_comm_hook(mgr.comm_hook()); });
+            return average_cases::through_bucketer(c, t, false,
+                                                   [&mgr](auto& b) { b.register_comm_hook(mgr.comm_hook()); });
           };
           average_cases::every_caller_same_bits(mgr, "Manager over local", {{"Bucketer + Manager::comm_hook", hook}});
           SUITE_EXPECT(mgr.should_commit(), "the step commits");

@@ -66,9 +66,9 @@ struct model {
 // Mixed dtypes, a tiny and an empty tensor, tensors larger than the cap.
 inline std::vector<std::pair<ddp::dtype, std::size_t>> mixed_shapes() {
   using ddp::dtype;
-  return {{dtype::f32, 1000}, {dtype::f64, 7},  {dtype::f16, 300}, {dtype::bf16, 300}, {dtype::i32, 10},
-          {dtype::i64, 3},    {dtype::f32, 1},  {dtype::f32, 0},   {dtype::f32, 5000}, {dtype::f16, 4000},
-          {dtype::f32, 17},   {dtype::i8, 33},  {dtype::u8, 9},    {dtype::f64, 800}};
+  return {{dtype::f32, 1000}, {dtype::f64, 7}, {dtype::f16, 300}, {dtype::bf16, 300}, {dtype::i32, 10},
+          {dtype::i64, 3},    {dtype::f32, 1}, {dtype::f32, 0},   {dtype::f32, 5000}, {dtype::f16, 4000},
+          {dtype::f32, 17},   {dtype::i8, 33}, {dtype::u8, 9},    {dtype::f64, 800}};
 }
 
 // Marks every gradient in a rank-dependent shuffled order from `threads` threads at once.
@@ -124,7 +124,8 @@ inline void average_mixed_dtypes(ddp::communicator_ref comm) {
       const auto& st = b.last_step();
       SUITE_EXPECT(st.buckets.size() == b.layout().size(), "stats per bucket");
       SUITE_EXPECT(st.collectives == b.layout().size(), "one collective per bucket, got " << st.collectives);
-      for (const auto& bs : st.buckets) SUITE_EXPECT(bs.launched_ms >= 0 && bs.completed_ms >= bs.launched_ms, "timings");
+      for (const auto& bs : st.buckets)
+        SUITE_EXPECT(bs.launched_ms >= 0 && bs.completed_ms >= bs.launched_ms, "timings");
       SUITE_EXPECT(st.iteration == it + 1, "iteration count");
     }
   }
@@ -251,8 +252,12 @@ inline void no_sync_accumulation(ddp::communicator_ref comm) {
 // Rebuild from rank 0's ready order: every rank ends with the same layout, built from that order.
 inline void rebuild_from_ready_order(ddp::communicator_ref comm) {
   for (bool zero_copy : {false, true}) {
-    model m({{ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100},
-             {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}});
+    model m({{ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100},
+             {ddp::dtype::f32, 100}});
     const ddp::bucketing::rebuild_once policy{.cap_bytes = 800, .small_bucket_bytes = 400};
     ddp::Bucketer b(comm, policy, {.zero_copy = zero_copy});
     std::vector<ddp::tensor_view> views(m.grads.size());
@@ -320,8 +325,9 @@ inline void layout_mismatch_names_the_gradient(ddp::communicator_ref comm) {
     x.add(a);
     x.add(b);
     x.add(c);
-    expect_usage_error([&] { x.build(); }, "gradient 1 is the first that differs: rank 0 has f32 x 10, " + names_odd +
-                                               " has f32 x 11", "count differs");
+    expect_usage_error([&] { x.build(); },
+                       "gradient 1 is the first that differs: rank 0 has f32 x 10, " + names_odd + " has f32 x 11",
+                       "count differs");
   }
   {  // dtype differs
     ddp::Bucketer x(comm);
@@ -332,17 +338,18 @@ inline void layout_mismatch_names_the_gradient(ddp::communicator_ref comm) {
     } else {
       x.add(f);
     }
-    expect_usage_error([&] { x.build(); }, "gradient 2 is the first that differs: rank 0 has f32 x 4, " + names_odd +
-                                               " has f64 x 4", "dtype differs");
+    expect_usage_error([&] { x.build(); },
+                       "gradient 2 is the first that differs: rank 0 has f32 x 4, " + names_odd + " has f64 x 4",
+                       "dtype differs");
   }
   {  // one gradient more
     ddp::Bucketer x(comm);
     x.add(a);
     if (me_odd) x.add(extra);
-    expect_usage_error([&] { x.build(); },
-                       "gradient 1 is the first that differs: rank 0 has none (it registered fewer), " + names_odd +
-                           " has f32 x 3",
-                       "count of gradients differs");
+    expect_usage_error(
+        [&] { x.build(); },
+        "gradient 1 is the first that differs: rank 0 has none (it registered fewer), " + names_odd + " has f32 x 3",
+        "count of gradients differs");
   }
   {  // same gradients, different layout policy knobs
     std::vector<float> g(4), h(4);
@@ -417,8 +424,8 @@ void recreate_ten_times(int rank, MakeComm&& make_comm) {
       const int n = ref.size();
       for (std::size_t p = 0; p < params; ++p) {
         const float want = static_cast<float>((cycle + 1) * (n + 1)) / 2.0f + static_cast<float>(p);
-        SUITE_EXPECT(std::abs(grads[p][0] - want) < 1e-5f, "cycle " << cycle << " param " << p << ": " << grads[p][0]
-                                                                    << " != " << want);
+        SUITE_EXPECT(std::abs(grads[p][0] - want) < 1e-5f,
+                     "cycle " << cycle << " param " << p << ": " << grads[p][0] << " != " << want);
       }
     }
     SUITE_EXPECT(autograd.live_hooks() == 0, "destroying the Bucketer removes its hooks (cycle " << cycle << ")");
@@ -437,7 +444,8 @@ inline void progress_thread_averages(ddp::communicator_ref comm) {
     for (unsigned it = 0; it < 3; ++it) {
       m.fill(comm.rank());
       for (std::size_t g = 0; g < m.grads.size(); ++g) {
-        if (zero_copy && m.grads[g].count()) std::memcpy(b.gradient_view(g).data, m.grads[g].bytes.data(), m.grads[g].bytes.size());
+        if (zero_copy && m.grads[g].count())
+          std::memcpy(b.gradient_view(g).data, m.grads[g].bytes.data(), m.grads[g].bytes.size());
       }
       for (std::size_t i = b.size(); i-- > 0;) {
         b.mark_ready(i);
@@ -445,7 +453,8 @@ inline void progress_thread_averages(ddp::communicator_ref comm) {
       }
       b.finalize();
       for (std::size_t g = 0; g < m.grads.size(); ++g) {
-        if (zero_copy && m.grads[g].count()) std::memcpy(m.grads[g].bytes.data(), b.gradient_view(g).data, m.grads[g].bytes.size());
+        if (zero_copy && m.grads[g].count())
+          std::memcpy(m.grads[g].bytes.data(), b.gradient_view(g).data, m.grads[g].bytes.size());
       }
       m.check_average(comm, std::string("progress thread, ") + (zero_copy ? "zero-copy" : "copy"));
     }
@@ -484,7 +493,7 @@ inline void moved_gradients(ddp::communicator_ref comm) {
     for (int r = 0; r < n; ++r) sum += moved_value(r, step, k, i);
     return sum / n;
   };
-  std::vector<fake::handle> retired;        // earlier gradients, kept alive: new memory has new addresses
+  std::vector<fake::handle> retired;  // earlier gradients, kept alive: new memory has new addresses
   std::vector<std::vector<float>> retired_plain;
   for (int step = 0; step < 3; ++step) {
     for (std::size_t k = 0; k < grads.size(); ++k) {
@@ -508,8 +517,8 @@ inline void moved_gradients(ddp::communicator_ref comm) {
       }
     }
     for (std::size_t i = 0; i < plain.size(); ++i) {
-      SUITE_EXPECT(std::abs(plain[i] - want(step, 3, i)) < 1e-5, where << ": reassigned vector [" << i << "] = "
-                                                                        << plain[i] << ", want " << want(step, 3, i));
+      SUITE_EXPECT(std::abs(plain[i] - want(step, 3, i)) < 1e-5,
+                   where << ": reassigned vector [" << i << "] = " << plain[i] << ", want " << want(step, 3, i));
     }
     for (std::size_t r = 0; r < retired.size(); ++r) {
       SUITE_EXPECT(*retired[r].storage == before[r], where << ": replaced gradient memory was written");
@@ -566,7 +575,7 @@ inline void moved_gradients(ddp::communicator_ref comm) {
     e.build();
     c.resize(12);
     expect_usage_error([&] { e.mark_ready(1); }, "gradient 1 was registered as f32 x 16 on host and is now f32 x 12",
-                          "resized gradient");
+                       "resized gradient");
   }
 
   {  // Zero-copy: gradient i is gradient_view(i); the registered vector only gave the shape.

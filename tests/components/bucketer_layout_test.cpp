@@ -9,7 +9,8 @@
 namespace {
 std::vector<ddp::gradient_info> grads_of(std::vector<std::pair<ddp::dtype, std::size_t>> shapes) {
   std::vector<ddp::gradient_info> g;
-  for (std::size_t i = 0; i < shapes.size(); ++i) g.push_back({i, shapes[i].second, shapes[i].first, ddp::device::host()});
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    g.push_back({i, shapes[i].second, shapes[i].first, ddp::device::host()});
   return g;
 }
 using B = std::vector<std::vector<std::size_t>>;
@@ -17,8 +18,11 @@ using B = std::vector<std::vector<std::size_t>>;
 
 TEST_CASE("size_capped: reverse registration order, small bucket first", "[bucketing]") {
   // 4-byte floats: sizes in bytes 400, 400, 400, 2000, 400
-  const auto g = grads_of({{ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100},
-                           {ddp::dtype::f32, 500}, {ddp::dtype::f32, 100}});
+  const auto g = grads_of({{ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 500},
+                           {ddp::dtype::f32, 100}});
   const ddp::bucketing::size_capped p{.cap_bytes = 1000, .small_bucket_bytes = 500};
   // walk 4,3,2,1,0: {4,3} closes the small bucket (2400 >= 500), {2,1,0} never reaches 1000 -> tail
   CHECK(p.layout(g).buckets == B{{4, 3}, {2, 1, 0}});
@@ -27,8 +31,11 @@ TEST_CASE("size_capped: reverse registration order, small bucket first", "[bucke
 }
 
 TEST_CASE("size_capped: small bucket last is an explicit choice", "[bucketing]") {
-  const auto g = grads_of({{ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100},
-                           {ddp::dtype::f32, 100}, {ddp::dtype::f32, 100}});
+  const auto g = grads_of({{ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100},
+                           {ddp::dtype::f32, 100}});
   const ddp::bucketing::size_capped p{.cap_bytes = 800, .small_bucket_bytes = 400, .small_at = ddp::small_bucket::last};
   const auto l = p.layout(g);
   REQUIRE(l.size() == 3);
@@ -37,8 +44,11 @@ TEST_CASE("size_capped: small bucket last is an explicit choice", "[bucketing]")
 }
 
 TEST_CASE("size_capped: dtypes never mix; a bucket overshoots the cap by at most one gradient", "[bucketing]") {
-  const auto g = grads_of({{ddp::dtype::f32, 10}, {ddp::dtype::f16, 10}, {ddp::dtype::f32, 100000},
-                           {ddp::dtype::f16, 10}, {ddp::dtype::f32, 10}});
+  const auto g = grads_of({{ddp::dtype::f32, 10},
+                           {ddp::dtype::f16, 10},
+                           {ddp::dtype::f32, 100000},
+                           {ddp::dtype::f16, 10},
+                           {ddp::dtype::f32, 10}});
   const ddp::bucketing::size_capped p{.cap_bytes = 1000, .small_bucket_bytes = 1000};
   const auto l = p.layout(g);
   CHECK_FALSE(ddp::detail::validate_layout(l, g).has_value());

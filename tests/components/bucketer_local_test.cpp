@@ -13,11 +13,13 @@ template <class F>
 void on_ranks(int n, F&& f) {
   ddp::local::options opts;
   opts.timeout = std::chrono::seconds(20);
-  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+  ddp::local::run(
+      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
 }
 }  // namespace
 
-TEST_CASE("Bucketer over local ranks: averages, layouts, hooks, unused, no_sync, rebuild, errors", "[local][bucketer]") {
+TEST_CASE("Bucketer over local ranks: averages, layouts, hooks, unused, no_sync, rebuild, errors",
+          "[local][bucketer]") {
   for (int n : {1, 2, 3, 4}) {
     INFO("ranks " << n);
     REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { bucketer_cases::run_all(c); }));
@@ -53,7 +55,8 @@ TEST_CASE("Bucketer: ten re-creations over new communicators leave nothing attac
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         try {
-          bucketer_cases::recreate_ten_times(r, [&](int cycle) { return worlds[static_cast<std::size_t>(cycle)].rank(r); });
+          bucketer_cases::recreate_ten_times(
+              r, [&](int cycle) { return worlds[static_cast<std::size_t>(cycle)].rank(r); });
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = e.what();
         }
@@ -119,9 +122,9 @@ TEST_CASE("Bucketer: a peer that leaves costs finalize() one timeout, and the er
       opts);
   INFO(message);
   CHECK(buckets == std::array<std::size_t, 2>{4, 4});
-  REQUIRE(elapsed_ms >= 0);                    // rank 0 got a timeout_error
+  REQUIRE(elapsed_ms >= 0);  // rank 0 got a timeout_error
   CHECK(elapsed_ms >= 0.95 * timeout.count());
-  CHECK(elapsed_ms < 2.5 * timeout.count());  // one deadline for the whole finalize()
+  CHECK(elapsed_ms < 2.5 * timeout.count());                              // one deadline for the whole finalize()
   CHECK_THAT(message, Catch::Contains("allreduce #1 (sum, f32 x 100)"));  // the first bucket that did not complete
   CHECK_THAT(message, Catch::Contains("400 ms timeout"));
   CHECK_THAT(message, Catch::Matches(".*waited [0-9]+ ms.*"));

@@ -2,7 +2,7 @@
 // holding 3 + 2r batches: uneven inputs).
 //
 // The code between `// example-begin NAME` and `// example-end NAME` is quoted verbatim by the
-// docs (the ctest docs_join_loop.snippets checks it):
+// docs (the ctest docs_join_loop.snippets checks it), so clang-format leaves this file alone:
 //   migration        docs/migration-from-pytorch.md, "The same loop, twice"
 //   buffer-reducer   docs/buffer-reducer.md, "Join (uneven inputs)"
 // Each loop also runs with the joinables given to the JoinContext the other way round
@@ -22,6 +22,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+// clang-format off
 
 #include <ddp/ddp.hpp>
 #include <ddp/mpi.hpp>

@@ -82,11 +82,11 @@ inline linear_model reference(int size, int base_batches, bool divide_by_initial
 }
 
 struct train_options {
-  int base_batches = 3;            // rank r holds base_batches + r batches
+  int base_batches = 3;  // rank r holds base_batches + r batches
   bool use_join = true;
-  bool barrier_in_loop = false;    // seed 004 cases 3 and 4
-  bool barrier_after = false;      // cases 5 and 6
-  bool explicit_build = true;      // false: the Bucketer builds itself at the first mark_ready
+  bool barrier_in_loop = false;  // seed 004 cases 3 and 4
+  bool barrier_after = false;    // cases 5 and 6
+  bool explicit_build = true;    // false: the Bucketer builds itself at the first mark_ready
   ddp::join_options join{};
 };
 
@@ -535,9 +535,10 @@ inline void learned_order(ddp::communicator_ref comm) {
   };
   {
     ddp::JoinContext join({}, grads, silent, buffers);  // 0: grads, 1: silent, 2: buffers
-    SUITE_EXPECT(join.shadow_order() == (order{2, 1, 0}), "initial guess: buffers (before forward) in grads' place "
-                                                             "and grads (backward) in buffers', silent in place; got "
-                                                                 << show(join.shadow_order()));
+    SUITE_EXPECT(join.shadow_order() == (order{2, 1, 0}),
+                 "initial guess: buffers (before forward) in grads' place "
+                 "and grads (backward) in buffers', silent in place; got "
+                     << show(join.shadow_order()));
     iteration(join, false, false);  // grads, silent, buffers
     SUITE_EXPECT(join.shadow_order() == (order{0, 1, 2}), "observed: " << show(join.shadow_order()));
     iteration(join, false, true);  // no_sync: silent, buffers only

@@ -16,7 +16,8 @@ template <class F>
 void on_ranks(int n, F&& f, std::chrono::milliseconds timeout = 20s) {
   ddp::local::options opts;
   opts.timeout = timeout;
-  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+  ddp::local::run(
+      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
 }
 
 // Runs one seed-004 configuration on n ranks; returns each rank's error text ("" = finished).
@@ -140,7 +141,8 @@ TEST_CASE("seed 004 case 4: a barrier inside the join loop is a mismatch on ever
   }
 }
 
-TEST_CASE("seed 004 cases 2, 3, 5: uneven inputs without join fail clearly instead of hanging", "[local][join][seed004]") {
+TEST_CASE("seed 004 cases 2, 3, 5: uneven inputs without join fail clearly instead of hanging",
+          "[local][join][seed004]") {
   for (int n : {2, 3}) {
     for (int c : {2, 3, 5}) {
       INFO("ranks " << n << ", case " << c);
@@ -154,7 +156,8 @@ TEST_CASE("seed 004 cases 2, 3, 5: uneven inputs without join fail clearly inste
       // The rank with the most data is left waiting: it must get an error naming the pending call.
       const std::string& last = errors.back();
       INFO(last);
-      CHECK((last.find("did not reach") != std::string::npos || last.find("different collectives") != std::string::npos));
+      CHECK(
+          (last.find("did not reach") != std::string::npos || last.find("different collectives") != std::string::npos));
       CHECK((last.find("allreduce") != std::string::npos || last.find("barrier") != std::string::npos));
     }
   }
@@ -171,14 +174,15 @@ TEST_CASE("JoinContext: forgetting finish() is a clear error", "[local][join]") 
     join.notify();
     join.abandon();
   }));
-  CHECK_THROWS_AS(on_ranks(1, [](ddp::communicator_ref c) {
-                    std::vector<float> g(2);
-                    ddp::Bucketer b(c);
-                    b.add(g);
-                    ddp::JoinContext join({}, b);
-                    join.notify();
-                    throw std::runtime_error("trainer failed");
-                  }),
+  CHECK_THROWS_AS(on_ranks(1,
+                           [](ddp::communicator_ref c) {
+                             std::vector<float> g(2);
+                             ddp::Bucketer b(c);
+                             b.add(g);
+                             ddp::JoinContext join({}, b);
+                             join.notify();
+                             throw std::runtime_error("trainer failed");
+                           }),
                   std::runtime_error);
 }
 

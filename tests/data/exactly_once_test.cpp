@@ -41,7 +41,9 @@ constexpr double lr = 0.1, beta = 0.9;
 constexpr std::uint64_t dataset = 96, global_batch = 12, micro = 2;  // 6 micro-batches, 8 steps per epoch
 
 // The per-sample loss 0.5 |p - target(x)|^2: its gradient is p - target(x).
-double target(std::uint64_t x, std::size_t k) { return std::sin(0.37 * static_cast<double>(x) + static_cast<double>(k)); }
+double target(std::uint64_t x, std::size_t k) {
+  return std::sin(0.37 * static_cast<double>(x) + static_cast<double>(k));
+}
 
 // Micro-batch gradient: the mean over its samples, in sample order.
 void micro_gradient(const std::vector<std::uint64_t>& xs, const std::vector<double>& p, std::vector<double>& g) {
@@ -110,7 +112,9 @@ struct mortal_comm {
     if (die->exchange(false)) inner.abort();
     return w;
   }
-  ddp::work reduce_scatter(ddp::tensor_view a, ddp::tensor_view b, ddp::reduce_op op) { return inner.reduce_scatter(a, b, op); }
+  ddp::work reduce_scatter(ddp::tensor_view a, ddp::tensor_view b, ddp::reduce_op op) {
+    return inner.reduce_scatter(a, b, op);
+  }
   ddp::work barrier() { return inner.barrier(); }
   void abort() noexcept { inner.abort(); }
 };
@@ -142,7 +146,8 @@ struct cluster {
     ddp::Manager m(
         store,
         [this, die](const ddp::quorum_info& q) {
-          return ddp::any_communicator(mortal_comm{fabric.connect("g" + std::to_string(q.generation), q.rank, q.size), die});
+          return ddp::any_communicator(
+              mortal_comm{fabric.connect("g" + std::to_string(q.generation), q.rank, q.size), die});
         },
         state, opts);
     m.on_event([&](const ddp::manager_event& e) {
@@ -363,7 +368,8 @@ void report(const char* scenario, const tally& t) {
   std::string sizes;
   for (auto s : t.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
   std::printf(
-      "exactly-once | %-44s | runs %2d | committed steps %4lld | samples %5lld (B=%llu constant) | complete epochs %3lld, "
+      "exactly-once | %-44s | runs %2d | committed steps %4lld | samples %5lld (B=%llu constant) | complete epochs "
+      "%3lld, "
       "every sample once | quorum sizes {%s} | failed step attempts %3lld, samples given back %4lld | "
       "micro-batches reused %3lld\n",
       scenario, t.runs, static_cast<long long>(t.committed_steps), static_cast<long long>(t.samples_committed),
@@ -399,15 +405,18 @@ TEST_CASE("exactly-once: fault-free, 3 replicas, two epochs", "[data][manager]")
   report("fault-free (1 run, 2 epochs)", t);
 }
 
-TEST_CASE("exactly-once: a replica crashes before its gradient collective; a replacement joins", "[data][manager][fault]") {
+TEST_CASE("exactly-once: a replica crashes before its gradient collective; a replacement joins",
+          "[data][manager][fault]") {
   crash_with_replacement(fault_point::before_collective, "crash before the collective + replacement", 101);
 }
 
-TEST_CASE("exactly-once: a replica crashes during its gradient collective; a replacement joins", "[data][manager][fault]") {
+TEST_CASE("exactly-once: a replica crashes during its gradient collective; a replacement joins",
+          "[data][manager][fault]") {
   crash_with_replacement(fault_point::during_collective, "crash during the collective + replacement", 202);
 }
 
-TEST_CASE("exactly-once: a replica crashes after its gradient collective; a replacement joins", "[data][manager][fault]") {
+TEST_CASE("exactly-once: a replica crashes after its gradient collective; a replacement joins",
+          "[data][manager][fault]") {
   crash_with_replacement(fault_point::after_collective, "crash after the collective + replacement", 303);
 }
 
@@ -468,8 +477,8 @@ TEST_CASE("global_batch_sampler: permutation, shares, epochs straddled, errors",
   }
   CHECK(ddp::data::permutation(1000, 1)(5) != ddp::data::permutation(1000, 2)(5));  // keyed
   std::int64_t cursor = 0;
-  ddp::data::global_batch_sampler s({.dataset_size = 10, .global_batch = 4, .micro_batch = 2, .seed = 1, .shuffle = false},
-                                    cursor);
+  ddp::data::global_batch_sampler s(
+      {.dataset_size = 10, .global_batch = 4, .micro_batch = 2, .seed = 1, .shuffle = false}, cursor);
   CHECK(s.micro_batches() == 2);
   CHECK(s.global_batch() == std::vector<std::uint64_t>{0, 1, 2, 3});
   CHECK(s.samples(0, 2) == std::vector<std::uint64_t>{0, 1});

@@ -11,12 +11,12 @@
 #include <string_view>
 
 /// Aborts with the failed condition when `cond` is false (also in release builds).
-#define FUZZ_CHECK(cond)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
+#define FUZZ_CHECK(cond)                                                                   \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
       std::fprintf(stderr, "FUZZ_CHECK failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                         \
-    }                                                                                       \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)
 
 namespace fuzz {
@@ -29,8 +29,6 @@ inline std::string_view text(const std::uint8_t* data, std::size_t size) {
   return {reinterpret_cast<const char*>(data), size};
 }
 
-inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
-  return std::ranges::equal(a, b);
-}
+inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) { return std::ranges::equal(a, b); }
 
 }  // namespace fuzz

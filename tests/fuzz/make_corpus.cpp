@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
 
   // enroll: [arrivals counted][max_members - 1][members/closed].
   write("enroll", "first-alone", enroll_input(0, 1, ""));
-  write("enroll", "fourth-of-four", enroll_input(3, 4, st::encode_members({{0, "a"}, {1, "b"}, {2, "c"}, {3, "fuzz-me"}})));
+  write("enroll", "fourth-of-four",
+        enroll_input(3, 4, st::encode_members({{0, "a"}, {1, "b"}, {2, "c"}, {3, "fuzz-me"}})));
   write("enroll", "closed-without-me", enroll_input(2, 2, st::encode_members({{0, "a"}, {1, "b"}})));
   write("enroll", "not-closed-yet", enroll_input(1, 2, ""));
 

@@ -41,7 +41,8 @@ void decode_every_way(const redisReply& r) {
       const std::optional<ddp::store_value> v = st::decode_get_reply(r, "job/key", limit, where);
       if (v) {
         FUZZ_CHECK(r.type == REDIS_REPLY_STRING && v->size() <= limit);
-        FUZZ_CHECK(fuzz::same_bytes(st::encode_frame(*v), fuzz::bytes(reinterpret_cast<const std::uint8_t*>(r.str), r.len)));
+        FUZZ_CHECK(
+            fuzz::same_bytes(st::encode_frame(*v), fuzz::bytes(reinterpret_cast<const std::uint8_t*>(r.str), r.len)));
       } else {
         FUZZ_CHECK(r.type == REDIS_REPLY_NIL);
       }
@@ -55,9 +56,8 @@ void decode_every_way(const redisReply& r) {
   }
   try {
     const st::scan_page page = st::decode_scan_reply(r, "job/", where);
-    FUZZ_CHECK(!page.cursor.empty() && std::all_of(page.cursor.begin(), page.cursor.end(), [](char c) {
-      return c >= '0' && c <= '9';
-    }));
+    FUZZ_CHECK(!page.cursor.empty() &&
+               std::all_of(page.cursor.begin(), page.cursor.end(), [](char c) { return c >= '0' && c <= '9'; }));
     for (const auto& k : page.keys) {
       FUZZ_CHECK(k.starts_with("v:job/") || k.starts_with("c:job/"));
       FUZZ_CHECK(st::is_valid_key(std::string_view(k).substr(2)));

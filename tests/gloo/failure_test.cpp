@@ -245,9 +245,10 @@ TEST_CASE("gloo: abort wakes ddp's own ring (reduce_scatter) too", "[gloo][abort
       } catch (const ddp::communication_error& e) {
         CHILD_CHECK(std::string(e.what()).find("aborted") != std::string::npos, e.what());
       }
-      rep.set("ms", std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::steady_clock::now() - t0)
-                                       .count()));
+      rep.set(
+          "ms",
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
     } else {
       std::this_thread::sleep_for(1s);
     }
@@ -353,13 +354,14 @@ TEST_CASE("gloo: a member that never shows up is a timeout within connect_timeou
       ddp::gloo::communicator comm(ns, present, 2, {.timeout = 5s, .connect_timeout = 1s});
       CHILD_CHECK(false, "connected without the other member");
     } catch (const ddp::timeout_error& e) {
-      rep.set("ms", std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::steady_clock::now() - t0)
-                                       .count()));
+      rep.set(
+          "ms",
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
       rep.set("failure", e.what());
-      CHILD_CHECK(std::string(e.what()).find("rank " + std::to_string(1 - present) + " did not publish") !=
-                      std::string::npos,
-                  e.what());
+      CHILD_CHECK(
+          std::string(e.what()).find("rank " + std::to_string(1 - present) + " did not publish") != std::string::npos,
+          e.what());
       CHILD_CHECK(e.rank() == present, "rank of the error");
     }
   });
@@ -387,9 +389,10 @@ TEST_CASE("gloo: a stopped peer is a timeout error at the configured timeout", "
       ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::sum).wait();
       CHILD_CHECK(false, "allreduce with a stopped peer completed");
     } catch (const ddp::timeout_error& e) {
-      rep.set("ms", std::to_string(
-                        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-                            .count()));
+      rep.set(
+          "ms",
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
       rep.set("failure", e.what());
     }
     rep.set("done", "1");

@@ -30,13 +30,13 @@ struct child_failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-#define CHILD_CHECK(cond, msg)                                                             \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::ostringstream os_;                                                              \
-      os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg;               \
-      throw ::gloo_test::child_failure(os_.str());                                         \
-    }                                                                                      \
+#define CHILD_CHECK(cond, msg)                                               \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::ostringstream os_;                                                \
+      os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg; \
+      throw ::gloo_test::child_failure(os_.str());                           \
+    }                                                                        \
   } while (0)
 
 /// Nanoseconds on CLOCK_MONOTONIC (steady_clock on Linux): comparable across processes.

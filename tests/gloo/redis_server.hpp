@@ -106,10 +106,10 @@ class redis_server {
     if (pid_ == 0) {
       const int devnull = ::open("/dev/null", O_WRONLY);
       if (devnull >= 0) ::dup2(devnull, STDOUT_FILENO);
-      std::vector<const char*> argv{exe_.c_str(),  "--port",       port.c_str(), "--bind",    "127.0.0.1",
-                                    "--save",      "",             "--appendonly", "no",      "--dir",
-                                    dir.c_str(),   "--daemonize",  "no",         "--loglevel", "warning",
-                                    "--protected-mode", "yes",     nullptr};
+      std::vector<const char*> argv{
+          exe_.c_str(), "--port", port.c_str(), "--bind",      "127.0.0.1", "--save",     "",        "--appendonly",
+          "no",         "--dir",  dir.c_str(),  "--daemonize", "no",        "--loglevel", "warning", "--protected-mode",
+          "yes",        nullptr};
       ::execv(exe_.c_str(), const_cast<char* const*>(argv.data()));
       std::_Exit(127);
     }

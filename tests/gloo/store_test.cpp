@@ -203,8 +203,8 @@ void check_across_processes(Make make) {
     process_group g(3, [&](int rank, const reporter& rep) {
       auto s = make();
       auto ns = st::generation_store(s, "grp", 4);
-      const auto m = st::enroll(ns, "member-" + std::to_string(2 - rank), {.min_members = 3, .max_members = 3,
-                                                                             .timeout = 10s});
+      const auto m =
+          st::enroll(ns, "member-" + std::to_string(2 - rank), {.min_members = 3, .max_members = 3, .timeout = 10s});
       std::string list;
       for (const auto& id : m.members) list += id + ",";
       rep.set("rank", std::to_string(m.rank));
@@ -224,8 +224,7 @@ void check_across_processes(Make make) {
       auto ns = st::generation_store(s, "grp", 5);
       if (rank == 2) std::this_thread::sleep_for(300ms);  // arrives after the group closed
       try {
-        const auto m = st::enroll(ns, "p" + std::to_string(rank), {.min_members = 2, .max_members = 2,
-                                                                       .timeout = 10s});
+        const auto m = st::enroll(ns, "p" + std::to_string(rank), {.min_members = 2, .max_members = 2, .timeout = 10s});
         rep.set("size", std::to_string(m.size()));
       } catch (const ddp::communication_error& e) {
         rep.set("refused", e.what());
@@ -258,8 +257,8 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> hostile_values(std::
   auto header_only = good_frame();
   header_only.resize(10);
   v.emplace_back("truncated", header_only);
-  v.emplace_back("bad magic", bytes_of({'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '!', 0, 0, 0, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 0}));
+  v.emplace_back("bad magic", bytes_of({'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', '!', 0,
+                                        0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0,   0}));
   auto flipped = good_frame();
   flipped.back() ^= std::byte{0x20};
   v.emplace_back("checksum mismatch", flipped);

@@ -102,7 +102,8 @@ TEST_CASE("mpi: in-place allgather (input is this rank's block of the output)", 
   auto comm = ddp::mpi::communicator::world();
   const std::size_t n = 5;
   std::vector<std::int64_t> out(n * static_cast<std::size_t>(comm.size()), -1);
-  for (std::size_t i = 0; i < n; ++i) out[static_cast<std::size_t>(comm.rank()) * n + i] = comm.rank() * 10 + static_cast<int>(i);
+  for (std::size_t i = 0; i < n; ++i)
+    out[static_cast<std::size_t>(comm.rank()) * n + i] = comm.rank() * 10 + static_cast<int>(i);
   const ddp::tensor_view mine{out.data() + static_cast<std::size_t>(comm.rank()) * n, n, ddp::dtype::i64,
                               ddp::device::host()};
   comm.allgather(mine, ddp::view(out)).wait();
@@ -346,7 +347,8 @@ TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compa
   CHECK_FALSE(o == ddp::mpi::options{});
   std::ostringstream os;
   os << o;
-  CHECK(os.str() == "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, ring_segment_bytes: 4194304}");
+  CHECK(os.str() ==
+        "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, ring_segment_bytes: 4194304}");
 }
 
 TEST_CASE("mpi: communicators are independent; destroying one with work in flight is safe", "[mpi]") {

@@ -78,10 +78,11 @@ int main(int argc, char** argv) {
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - began).count();
   const bool prompt = steady::now() - began < hold / 3;
-  std::printf("rank %d: %s: %s | failure recorded in the environment: %s | environment gone %lld ms after the wait "
-              "began: %s\n",
-              rank, mode.c_str(), error.c_str(), recorded ? "yes" : "no", static_cast<long long>(ms),
-              prompt ? "prompt" : "LATE");
+  std::printf(
+      "rank %d: %s: %s | failure recorded in the environment: %s | environment gone %lld ms after the wait "
+      "began: %s\n",
+      rank, mode.c_str(), error.c_str(), recorded ? "yes" : "no", static_cast<long long>(ms),
+      prompt ? "prompt" : "LATE");
   std::fflush(stdout);
   return prompt ? 3 : 4;
 }

@@ -47,8 +47,8 @@ struct toy_model {
 
 struct straggler_result {
   int ranks = 0;
-  int iterations = 0;  // delayed iterations, over all choices of the delayed rank
-  int named = 0;       // of those, how many named the delayed rank
+  int iterations = 0;          // delayed iterations, over all choices of the delayed rank
+  int named = 0;               // of those, how many named the delayed rank
   double min_late_ms = 1e300;  // smallest lateness reported for a named delayed rank
 };
 
@@ -86,8 +86,9 @@ inline straggler_result delayed_rank_is_named(ddp::communicator_ref comm, std::c
       std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.size()));
       comm.allgather(ddp::view(mine), ddp::view(all)).wait();
       for (int r = 0; r < comm.size(); ++r) {
-        SUITE_EXPECT(all[2 * static_cast<std::size_t>(r)] == mine[0] && all[2 * static_cast<std::size_t>(r) + 1] == mine[1],
-                     "rank " << r << " computed another report");
+        SUITE_EXPECT(
+            all[2 * static_cast<std::size_t>(r)] == mine[0] && all[2 * static_cast<std::size_t>(r) + 1] == mine[1],
+            "rank " << r << " computed another report");
       }
       seen += std::to_string(rep.slowest_rank) + " ";
       if (rep.slowest_rank == delayed) {
@@ -99,9 +100,10 @@ inline straggler_result delayed_rank_is_named(ddp::communicator_ref comm, std::c
                      "backward spread " << rep.ready_span_spread_ms << " ms");
         for (int r = 0; r < comm.size(); ++r) {
           if (r == delayed) continue;
-          SUITE_EXPECT(rep.ranks[static_cast<std::size_t>(r)].finalize_wait_ms >= 0.5 * static_cast<double>(delay.count()),
-                       "rank " << r << " waited only " << rep.ranks[static_cast<std::size_t>(r)].finalize_wait_ms
-                               << " ms for the delayed rank");
+          SUITE_EXPECT(
+              rep.ranks[static_cast<std::size_t>(r)].finalize_wait_ms >= 0.5 * static_cast<double>(delay.count()),
+              "rank " << r << " waited only " << rep.ranks[static_cast<std::size_t>(r)].finalize_wait_ms
+                      << " ms for the delayed rank");
         }
       }
     }
@@ -164,9 +166,9 @@ inline std::string read_file(const std::filesystem::path& p) {
 }
 
 struct trace_summary {
-  std::map<int, std::set<std::string>> tracks;                    // pid -> track names
-  std::map<int, std::map<std::string, int>> events;               // pid -> "track/name" -> count
-  std::set<int> processes;                                        // pids with a process_name
+  std::map<int, std::set<std::string>> tracks;       // pid -> track names
+  std::map<int, std::map<std::string, int>> events;  // pid -> "track/name" -> count
+  std::set<int> processes;                           // pids with a process_name
   double min_ts = 1e300, max_end = -1e300;
 };
 
@@ -277,8 +279,8 @@ inline void timeline_of_training(ddp::communicator_ref comm, const std::filesyst
       SUITE_EXPECT(merged.events.at(r).at("backward/ready") == (base + r) * 6, "rank " << r << " marks in the merge");
     }
     // A common origin: every rank's events start within the run, close to 0 (synchronize()).
-    SUITE_EXPECT(merged.min_ts >= -1e6 && merged.max_end < 600e6, "timestamps since the common origin: "
-                                                                      << merged.min_ts << " .. " << merged.max_end);
+    SUITE_EXPECT(merged.min_ts >= -1e6 && merged.max_end < 600e6,
+                 "timestamps since the common origin: " << merged.min_ts << " .. " << merged.max_end);
   }
   comm.barrier().wait();
 }

@@ -14,7 +14,8 @@
 using namespace std::chrono_literals;
 
 TEST_CASE("gloo connect: progress names the missing rank", "[gloo][progress]") {
-  const auto dir = std::filesystem::temp_directory_path() / ("ddp-observe-gloo-" + std::to_string(std::random_device{}()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ddp-observe-gloo-" + std::to_string(std::random_device{}()));
   std::filesystem::create_directories(dir);
   ddp::stores::file_store store(dir.string());
   std::mutex mu;

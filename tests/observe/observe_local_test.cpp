@@ -31,7 +31,8 @@ template <class F>
 void on_ranks(int n, F&& f) {
   ddp::local::options opts;
   opts.timeout = std::chrono::seconds(30);
-  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+  ddp::local::run(
+      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
 }
 
 std::filesystem::path fresh_dir(const std::string& name) {
@@ -69,9 +70,7 @@ TEST_CASE("attribute_straggler(): the rank with the shortest arrival wait is nam
     const auto r2 = ddp::attribute_straggler(words_of({early, joined, mid}));
     CHECK(r2.slowest_rank == 2);
   }
-  SECTION("ties go to the lowest rank") {
-    CHECK(ddp::attribute_straggler(words_of({mid, mid})).slowest_rank == 0);
-  }
+  SECTION("ties go to the lowest rank") { CHECK(ddp::attribute_straggler(words_of({mid, mid})).slowest_rank == 0); }
   SECTION("unset words or another iteration: no report") {
     auto w = words_of({early, late});
     w[ddp::timing_words + 2] = ddp::timing_unset;
@@ -116,7 +115,8 @@ TEST_CASE("timeline: per-rank traces parse, hold the expected events and merge (
 TEST_CASE("timeline::recorder: ring, pause, escaping, merge errors", "[unit][timeline]") {
   ddp::timeline::recorder rec(2, {.capacity = 4});
   const auto t0 = ddp::clock::now();
-  for (int i = 0; i < 6; ++i) rec.instant("backward", "ready", t0 + std::chrono::microseconds(i), {{"gradient", static_cast<double>(i)}});
+  for (int i = 0; i < 6; ++i)
+    rec.instant("backward", "ready", t0 + std::chrono::microseconds(i), {{"gradient", static_cast<double>(i)}});
   CHECK(rec.size() == 4);
   CHECK(rec.dropped() == 2);
   CHECK(rec.events().front().args[0].value == 2);  // the oldest two were overwritten
@@ -238,7 +238,8 @@ TEST_CASE("progress: a rendezvous names the members that have not arrived", "[lo
   CHECK(got.back().arrived == 3);
 }
 
-TEST_CASE("Manager: healing reports progress and records quorum, heal and commit votes", "[local][manager][progress][timeline]") {
+TEST_CASE("Manager: healing reports progress and records quorum, heal and commit votes",
+          "[local][manager][progress][timeline]") {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric(ddp::local::options{.timeout = 20s, .faults = {}});
   std::mutex mu;

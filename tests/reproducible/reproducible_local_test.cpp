@@ -18,15 +18,15 @@
 #include "../common/collective_suite.hpp"
 #include "training.hpp"
 
-#define SUITE_EXPECT_THROW(expr, type)                   \
-  do {                                                   \
-    bool thrown_ = false;                                \
-    try {                                                \
-      expr;                                              \
-    } catch (const type&) {                              \
-      thrown_ = true;                                    \
-    }                                                    \
-    SUITE_EXPECT(thrown_, #expr " throws " #type);       \
+#define SUITE_EXPECT_THROW(expr, type)             \
+  do {                                             \
+    bool thrown_ = false;                          \
+    try {                                          \
+      expr;                                        \
+    } catch (const type&) {                        \
+      thrown_ = true;                              \
+    }                                              \
+    SUITE_EXPECT(thrown_, #expr " throws " #type); \
   } while (0)
 
 namespace {
@@ -39,7 +39,8 @@ template <class F>
 void on_ranks(int n, F&& f) {
   ddp::local::options opts;
   opts.timeout = std::chrono::seconds(20);
-  ddp::local::run(n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
+  ddp::local::run(
+      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
 }
 
 // Direct recursive evaluation of node n over leaf values (one float per leaf).
@@ -120,7 +121,8 @@ TEST_CASE("tree: spans, pass-through nodes, covers partition every range into ma
   }
 }
 
-TEST_CASE("accumulator: any order of adds gives the tree's bits, in O(log M) buffers in order", "[reproducible][unit]") {
+TEST_CASE("accumulator: any order of adds gives the tree's bits, in O(log M) buffers in order",
+          "[reproducible][unit]") {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1e3f, 1e3f);
   for (std::size_t m : {1u, 2u, 3u, 5u, 7u, 8u, 13u, 16u, 33u}) {
@@ -188,7 +190,8 @@ TEST_CASE("ReproducibleReducer: training at DP = 1..8 gives bit-identical parame
       repro[dp] = fr[0];
       plain[dp] = fd[0];
     }
-    std::string line_r = "M=" + std::to_string(m) + " reproducible:", line_d = "M=" + std::to_string(m) + " default:     ";
+    std::string line_r = "M=" + std::to_string(m) + " reproducible:",
+                line_d = "M=" + std::to_string(m) + " default:     ";
     for (int dp = 1; dp <= 8; ++dp) {
       line_r += " DP" + std::to_string(dp) + "=" + repro[dp];
       line_d += " DP" + std::to_string(dp) + "=" + plain[dp];
@@ -207,7 +210,8 @@ namespace {
 
 // One step over mixed dtypes (f32, f64, bf16, f16 and an empty tensor) with random leaves;
 // returns the reduced bytes of every tensor.
-std::vector<std::vector<unsigned char>> mixed_step(ddp::communicator_ref c, std::size_t m, ddp::reproducible_options o) {
+std::vector<std::vector<unsigned char>> mixed_step(ddp::communicator_ref c, std::size_t m,
+                                                   ddp::reproducible_options o) {
   std::vector<float> a(37);
   std::vector<double> b(5);
   std::vector<ddp::bfloat16> h(9);
@@ -240,7 +244,8 @@ std::vector<std::vector<unsigned char>> mixed_step(ddp::communicator_ref c, std:
 
 }  // namespace
 
-TEST_CASE("ReproducibleReducer: mixed dtypes, empty tensors and more ranks than micro-batches", "[reproducible][local]") {
+TEST_CASE("ReproducibleReducer: mixed dtypes, empty tensors and more ranks than micro-batches",
+          "[reproducible][local]") {
   for (std::size_t m : {1u, 3u, 10u}) {
     std::vector<std::vector<unsigned char>> reference;
     for (int dp = 1; dp <= 6; ++dp) {
@@ -302,7 +307,7 @@ TEST_CASE("ReproducibleReducer: a retry reuses the nodes of a failed attempt and
           leaf(i, g[ur]);
           red.accumulate(i);
         }
-        red.finalize();  // "fails": not applied
+        red.finalize();      // "fails": not applied
         if (r == 2) return;  // replica 2 dies; replicas 0 and 1 retry as ranks 0 and 1 of 2
         sw[ur].cur = &small[ur];
         red.begin(7);

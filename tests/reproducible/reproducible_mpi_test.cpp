@@ -34,12 +34,14 @@ TEST_CASE("ReproducibleReducer over MPI: the same bits as DP=1", "[mpi][reproduc
   constexpr int steps = 10;
   for (std::size_t m : {1u, 5u, 8u, 12u, 13u}) {
     const auto got = repro_training::train_reproducible(comm, m, steps);
-    const auto ref = on_one_local_rank([&](ddp::communicator_ref c) { return repro_training::train_reproducible(c, m, steps); });
+    const auto ref =
+        on_one_local_rank([&](ddp::communicator_ref c) { return repro_training::train_reproducible(c, m, steps); });
     const auto plain = repro_training::train_default(comm, m, steps);
-    const auto plain_ref = on_one_local_rank([&](ddp::communicator_ref c) { return repro_training::train_default(c, m, steps); });
+    const auto plain_ref =
+        on_one_local_rank([&](ddp::communicator_ref c) { return repro_training::train_default(c, m, steps); });
     if (comm.rank() == 0) {
-      std::printf("M=%2zu DP=%d reproducible %s (DP=1: %s)  default Bucketer %s (DP=1: %s)\n", m, comm.size(), got.c_str(),
-                  ref.c_str(), plain.c_str(), plain_ref.c_str());
+      std::printf("M=%2zu DP=%d reproducible %s (DP=1: %s)  default Bucketer %s (DP=1: %s)\n", m, comm.size(),
+                  got.c_str(), ref.c_str(), plain.c_str(), plain_ref.c_str());
       std::fflush(stdout);
     }
     INFO("M=" << m << " DP=" << comm.size());
@@ -58,7 +60,8 @@ TEST_CASE("ReproducibleReducer over MPI: large gradients in many chunks", "[mpi]
     red.add(g);
     red.add(d);
     for (std::size_t i : red.pending()) {
-      for (std::size_t k = 0; k < n; ++k) g[k] = std::sin(static_cast<float>(k % 977) * 0.37f + static_cast<float>(i)) * 1e4f;
+      for (std::size_t k = 0; k < n; ++k)
+        g[k] = std::sin(static_cast<float>(k % 977) * 0.37f + static_cast<float>(i)) * 1e4f;
       for (std::size_t k = 0; k < d.size(); ++k) d[k] = std::cos(static_cast<double>(k + i)) * 1e-9;
       red.accumulate(i);
     }

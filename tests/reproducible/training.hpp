@@ -24,8 +24,8 @@ constexpr std::size_t in_dim = 6, hidden = 16, samples_per_micro = 3;
 constexpr float lr = 0.05f;
 
 struct model {
-  std::vector<float> w1, b1, w2, b2;       // parameters
-  std::vector<float> gw1, gb1, gw2, gb2;   // gradients (registered with the reducer)
+  std::vector<float> w1, b1, w2, b2;      // parameters
+  std::vector<float> gw1, gb1, gw2, gb2;  // gradients (registered with the reducer)
 
   model() : w1(hidden * in_dim), b1(hidden), w2(hidden), b2(1), gw1(w1.size()), gb1(hidden), gw2(hidden), gb2(1) {
     std::mt19937 rng(42);  // the same initial parameters on every rank and at every world size

@@ -63,7 +63,8 @@ TEST_CASE("shm: allreduce larger than 64 MiB", "[shm][large]") {
   auto comm = ddp::shm::mpi::world();
   REQUIRE_NOTHROW(suite::large_allreduce(comm));
   // bf16 above 64 MiB too: the block-wise conversions at scale, against the reference.
-  REQUIRE_NOTHROW(shm_cases::check_allreduce(comm, ddp::dtype::bf16, ddp::reduce_op::avg, (64u << 20) / 2 + 4099, "large"));
+  REQUIRE_NOTHROW(
+      shm_cases::check_allreduce(comm, ddp::dtype::bf16, ddp::reduce_op::avg, (64u << 20) / 2 + 4099, "large"));
 }
 
 TEST_CASE("shm: components pick it up unchanged (communicator_ref, concept)", "[shm]") {

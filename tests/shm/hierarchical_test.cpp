@@ -104,7 +104,7 @@ TEST_CASE("shm hierarchical: generic constructor with a caller-made leaders' com
 TEST_CASE("shm hierarchical: several nodes without a leaders' communicator is a usage error on every rank",
           "[shm][hierarchical]") {
   const auto labels = halves(world_size());
-  REQUIRE_THROWS_AS(ddp::shm::communicator<ddp::mpi::communicator>(ddp::mpi::communicator::world(),
-                                                                    {.node_of_rank = labels}),
-                    ddp::usage_error);
+  REQUIRE_THROWS_AS(
+      ddp::shm::communicator<ddp::mpi::communicator>(ddp::mpi::communicator::world(), {.node_of_rank = labels}),
+      ddp::usage_error);
 }

@@ -17,8 +17,10 @@ TEST_CASE("shm kernels: f16 and bf16 conversions are bit-exact", "[shm][kernels]
   std::size_t wrong = 0;
   for (std::uint32_t h = 0; h <= 0xffff; ++h) {
     const auto bits = static_cast<std::uint16_t>(h);
-    wrong += std::bit_cast<std::uint32_t>(k::half_to_float(bits)) != std::bit_cast<std::uint32_t>(ddp::half::to_float(bits));
-    wrong += std::bit_cast<std::uint32_t>(k::bfloat_to_float(bits)) != std::bit_cast<std::uint32_t>(ddp::bfloat16::to_float(bits));
+    wrong +=
+        std::bit_cast<std::uint32_t>(k::half_to_float(bits)) != std::bit_cast<std::uint32_t>(ddp::half::to_float(bits));
+    wrong += std::bit_cast<std::uint32_t>(k::bfloat_to_float(bits)) !=
+             std::bit_cast<std::uint32_t>(ddp::bfloat16::to_float(bits));
   }
   REQUIRE(wrong == 0);
   // Every 251st float bit pattern, plus the boundaries of the half ranges.
@@ -49,9 +51,11 @@ TEST_CASE("shm kernels: reduce_many matches a scalar reduction in rank order", "
           std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(inputs), std::vector<std::byte>(n * esz));
           for (int q = 0; q < inputs; ++q) {
             for (std::size_t i = 0; i < n; ++i) {
-              const double v = t == ddp::dtype::u8 ? static_cast<double>((i + static_cast<std::size_t>(q)) % 3)
-                                                   : static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 5) % 5) - 2) +
-                                                         (ddp::is_floating(t) ? 0.375 * q : 0.0);
+              const double v =
+                  t == ddp::dtype::u8
+                      ? static_cast<double>((i + static_cast<std::size_t>(q)) % 3)
+                      : static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 5) % 5) - 2) +
+                            (ddp::is_floating(t) ? 0.375 * q : 0.0);
               ddp::detail::convert(ddp::dtype::f64, &v, t, in[static_cast<std::size_t>(q)].data() + i * esz, 1);
             }
           }

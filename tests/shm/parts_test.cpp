@@ -28,7 +28,7 @@ TEST_CASE("shm parts: topology from labels", "[shm][unit]") {
 
 TEST_CASE("shm parts: segment layout", "[shm][unit]") {
   const ddp::shm::segment_layout l(3, 5000, 10000);
-  REQUIRE(l.chunk_bytes() == 8192);   // rounded up to pages
+  REQUIRE(l.chunk_bytes() == 8192);  // rounded up to pages
   REQUIRE(l.arena_bytes() == 12288);
   REQUIRE(l.control(1) - l.control(0) == sizeof(ddp::shm::rank_control));
   REQUIRE(l.control(0) % ddp::shm::line_bytes == 0);

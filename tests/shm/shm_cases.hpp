@@ -70,8 +70,8 @@ inline void check_allreduce(ddp::communicator_ref comm, ddp::dtype t, ddp::reduc
   for (std::size_t i = 0; i < n; ++i) b.set(i, value(t, comm.rank(), i));
   const auto v = b.view();
   comm.allreduce(std::span<const ddp::tensor_view>(&v, 1), op).wait();
-  const std::string where = label + " allreduce " + std::string(ddp::name_of(op)) + " " +
-                            std::string(ddp::name_of(t)) + " n=" + std::to_string(n);
+  const std::string where = label + " allreduce " + std::string(ddp::name_of(op)) + " " + std::string(ddp::name_of(t)) +
+                            " n=" + std::to_string(n);
   // Half types accumulate in f32 and round once per level (two levels when hierarchical).
   const double u = unit_roundoff(t);
   const bool narrow = t == ddp::dtype::f16 || t == ddp::dtype::bf16;
@@ -85,9 +85,18 @@ inline void check_allreduce(ddp::communicator_ref comm, ddp::dtype t, ddp::reduc
       switch (op) {
         case ddp::reduce_op::sum:
         case ddp::reduce_op::avg: ref += x; break;
-        case ddp::reduce_op::prod: ref *= x; magnitude = std::abs(ref); break;
-        case ddp::reduce_op::min: ref = std::min(ref, x); magnitude = std::abs(ref); break;
-        case ddp::reduce_op::max: ref = std::max(ref, x); magnitude = std::abs(ref); break;
+        case ddp::reduce_op::prod:
+          ref *= x;
+          magnitude = std::abs(ref);
+          break;
+        case ddp::reduce_op::min:
+          ref = std::min(ref, x);
+          magnitude = std::abs(ref);
+          break;
+        case ddp::reduce_op::max:
+          ref = std::max(ref, x);
+          magnitude = std::abs(ref);
+          break;
       }
     }
     if (op == ddp::reduce_op::avg) {
@@ -95,9 +104,9 @@ inline void check_allreduce(ddp::communicator_ref comm, ddp::dtype t, ddp::reduc
       magnitude /= size;
     }
     const double got = b.get(i);
-    const double tol = ddp::is_floating(t)
-                           ? 3 * u * std::abs(ref) + (size + 1) * acc_u * magnitude + (t == ddp::dtype::f16 ? 0x1p-24 : 0.0)
-                           : 0.0;
+    const double tol = ddp::is_floating(t) ? 3 * u * std::abs(ref) + (size + 1) * acc_u * magnitude +
+                                                 (t == ddp::dtype::f16 ? 0x1p-24 : 0.0)
+                                           : 0.0;
     SUITE_EXPECT(std::abs(got - ref) <= tol,
                  where << " i=" << i << ": got " << got << ", want " << ref << " (tolerance " << tol << ")");
   }

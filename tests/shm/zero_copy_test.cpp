@@ -28,7 +28,8 @@ std::span<float> floats(ddp::shm::arena_block& b, std::size_t n) { return {reint
 void reduce_repeatedly(ddp::shm::mpi_communicator& comm, std::span<float> x, int iterations, ddp::reduce_op op) {
   const int size = comm.size();
   for (int it = 0; it < iterations; ++it) {
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(suite::value(comm.rank(), i + static_cast<std::size_t>(it)));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(suite::value(comm.rank(), i + static_cast<std::size_t>(it)));
     comm.allreduce(x, op).wait();
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -97,7 +98,8 @@ TEST_CASE("shm zero-copy: bucket storage from allocator(), laid out by size_capp
   const std::vector<std::size_t> sizes{9408, 64, 64, 36864, 64, 64, 147456, 256, 256, 1000, 2048000, 1000};
   std::vector<ddp::gradient_info> infos;
   for (std::size_t i = 0; i < sizes.size(); ++i) infos.push_back({i, sizes[i], ddp::dtype::f32, ddp::device::host()});
-  const ddp::bucket_layout layout = ddp::bucketing::size_capped{.cap_bytes = 4 << 20, .small_bucket_bytes = 256 << 10}.layout(infos);
+  const ddp::bucket_layout layout =
+      ddp::bucketing::size_capped{.cap_bytes = 4 << 20, .small_bucket_bytes = 256 << 10}.layout(infos);
   REQUIRE(layout.buckets.size() > 1);
   ddp::shm::bucket_allocator allocate = comm.allocator();
   std::vector<std::shared_ptr<std::byte>> storage;
@@ -142,7 +144,7 @@ TEST_CASE("shm zero-copy: arena limits, close()", "[shm][zero_copy]") {
   {
     auto a = comm.allocate(600 << 10);
     REQUIRE_THROWS_AS(comm.allocate(600 << 10), ddp::usage_error);  // does not fit next to a
-    REQUIRE_THROWS_AS(comm.close(), ddp::usage_error);               // a block is alive
+    REQUIRE_THROWS_AS(comm.close(), ddp::usage_error);              // a block is alive
   }
   auto b = comm.allocate(1 << 20);  // the space came back (and coalesced)
   b = {};

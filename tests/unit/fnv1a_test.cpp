@@ -47,7 +47,8 @@ TEST_CASE("fnv1a: integers hash as their bytes, least significant first", "[unit
                                     std::byte{0x67}, std::byte{0x45}, std::byte{0x23}, std::byte{0x01}};
   CHECK(fnv1a_u64(v) == fnv1a(std::span<const std::byte>(le)));
   CHECK(fnv1a_u64(v) == 0x37eb3f3347761c55ull);
-  CHECK(fnv1a_object(std::int64_t{-2}) == fnv1a(std::as_bytes(std::span<const std::int64_t>(std::array{std::int64_t{-2}}))));
+  CHECK(fnv1a_object(std::int64_t{-2}) ==
+        fnv1a(std::as_bytes(std::span<const std::int64_t>(std::array{std::int64_t{-2}}))));
 }
 
 TEST_CASE("fnv1a: the values ddp exchanges and stores are unchanged", "[unit][fnv1a]") {

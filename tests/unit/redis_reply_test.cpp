@@ -84,9 +84,10 @@ TEST_CASE("redis replies: SCAN pages hold only the store's keys under the prefix
   const auto p = st::decode_scan_reply(**good, "job/", where);
   CHECK(p.cursor == "17");
   CHECK(p.keys == std::vector<std::string>{"v:job/a", "c:job/n"});
-  for (const auto& bad : {page("0", ":5\r\n", 1), page("0", "$-1\r\n", 1), page("0", "*0\r\n", 1),
-                          page("0", bulk("v:other/a"), 1), page("0", bulk("x:job/a"), 1), page("0", bulk("v:job/a b"), 1),
-                          page("zero", "", 0), page("", "", 0), std::string(":1\r\n"), std::string("*1\r\n:1\r\n")}) {
+  for (const auto& bad :
+       {page("0", ":5\r\n", 1), page("0", "$-1\r\n", 1), page("0", "*0\r\n", 1), page("0", bulk("v:other/a"), 1),
+        page("0", bulk("x:job/a"), 1), page("0", bulk("v:job/a b"), 1), page("zero", "", 0), page("", "", 0),
+        std::string(":1\r\n"), std::string("*1\r\n:1\r\n")}) {
     INFO(bad);
     auto r = parse(bad);
     REQUIRE(r);
@@ -94,7 +95,8 @@ TEST_CASE("redis replies: SCAN pages hold only the store's keys under the prefix
   }
 }
 
-TEST_CASE("redis replies: an array announcing 2^31 elements allocates nothing (fuzz: redis_reply)", "[store][redis_reply]") {
+TEST_CASE("redis replies: an array announcing 2^31 elements allocates nothing (fuzz: redis_reply)",
+          "[store][redis_reply]") {
   // Before: hiredis allocated the element vector from the announced count: 13 bytes from the
   // server cost 16 GB. Now the reader refuses (the store's command fails, the connection is dropped).
   CHECK_FALSE(parse("*2000000000\r\n").has_value());

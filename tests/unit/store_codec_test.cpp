@@ -109,7 +109,8 @@ TEST_CASE("membership: arrival numbers past int64 are malformed, not UB (fuzz: m
   CHECK(is_communication_error(thrown_by([] { (void)st::detail::decode_members("01 a\n"); })));
 }
 
-TEST_CASE("membership: a bad id in the stored list is a communication_error (fuzz: member_list)", "[store][membership]") {
+TEST_CASE("membership: a bad id in the stored list is a communication_error (fuzz: member_list)",
+          "[store][membership]") {
   // Before: usage_error, as if the caller had passed a bad id.
   for (const char* bad : {"0 a b\n", "0 \n", "0 a\xff\n", "0 a\r\n"}) {
     INFO(bad);
@@ -141,21 +142,20 @@ TEST_CASE("membership: a list naming another id at this arrival is refused (fuzz
   st::memory_store s;
   s.add("members/arrivals", 1);  // one arrival before us: we are arrival 1
   s.set("members/closed", ddp::as_bytes(st::detail::encode_members({{0, "a"}, {1, "someone-else"}})));
-  const auto what = thrown_by([&] {
-    (void)st::enroll(s, "me", {.min_members = 1, .max_members = 2, .settle = 0ms, .timeout = 0ms});
-  });
+  const auto what = thrown_by(
+      [&] { (void)st::enroll(s, "me", {.min_members = 1, .max_members = 2, .settle = 0ms, .timeout = 0ms}); });
   CHECK(is_communication_error(what));
   CHECK(what.find("someone-else") != std::string::npos);
 }
 
-TEST_CASE("membership: a garbage arrival counter is a communication_error, not UB (fuzz: enroll)", "[store][membership]") {
+TEST_CASE("membership: a garbage arrival counter is a communication_error, not UB (fuzz: enroll)",
+          "[store][membership]") {
   // Before: memory_store::add overflowed (signed) at INT64_MAX + 1, and enroll computed
   // INT64_MIN - 1 from a wrapped counter.
   st::memory_store s;
   s.add("members/arrivals", std::numeric_limits<std::int64_t>::max());
-  const auto what = thrown_by([&] {
-    (void)st::enroll(s, "me", {.min_members = 1, .max_members = 1, .settle = 0ms, .timeout = 0ms});
-  });
+  const auto what = thrown_by(
+      [&] { (void)st::enroll(s, "me", {.min_members = 1, .max_members = 1, .settle = 0ms, .timeout = 0ms}); });
   CHECK(is_communication_error(what));
   CHECK(what.find("arrival counter") != std::string::npos);
 }
@@ -169,7 +169,8 @@ TEST_CASE("memory_store: counters wrap around like the file store's (fuzz: enrol
 
 // ---- the Manager's records --------------------------------------------------------------------
 
-TEST_CASE("manager records: heartbeats past int64 are no heartbeat, not UB (fuzz: manager_records)", "[store][manager]") {
+TEST_CASE("manager records: heartbeats past int64 are no heartbeat, not UB (fuzz: manager_records)",
+          "[store][manager]") {
   // Before: the digits were accumulated into an int64 without a check (signed overflow).
   using ddp::detail::decode_heartbeat;
   CHECK(decode_heartbeat("1700000000000") == std::int64_t{1700000000000});
@@ -180,12 +181,13 @@ TEST_CASE("manager records: heartbeats past int64 are no heartbeat, not UB (fuzz
   }
 }
 
-TEST_CASE("manager records: quorum records a Manager cannot write are malformed (fuzz: manager_records)", "[store][manager]") {
+TEST_CASE("manager records: quorum records a Manager cannot write are malformed (fuzz: manager_records)",
+          "[store][manager]") {
   // Before: "-1" parsed as generation 2^64-1 (the next generation wrapped to 0), negative join
   // counts and records without members were accepted, and a bad id was a usage_error.
   using ddp::detail::decode_quorum_record;
-  for (const char* bad : {"-1 0 a", "18446744073709551615 0 a", "0 0 a", "1 -5 a", "1 0", "1 0 ", "1  0 a",
-                          "1 0 a  b", "1 0 a\tb", "1 0 a b\n", "1 0 a\xff", "01 0 a", "x 0 a", ""}) {
+  for (const char* bad : {"-1 0 a", "18446744073709551615 0 a", "0 0 a", "1 -5 a", "1 0", "1 0 ", "1  0 a", "1 0 a  b",
+                          "1 0 a\tb", "1 0 a b\n", "1 0 a\xff", "01 0 a", "x 0 a", ""}) {
     INFO("'" << bad << "'");
     CHECK(is_communication_error(thrown_by([&] { (void)decode_quorum_record(bad, 0); })));
   }

@@ -94,7 +94,8 @@ namespace {
 template <class T>
 constexpr bool viewable = requires(T& t) {
   { ddp::view(t) } -> std::same_as<ddp::tensor_view>;
-} && ddp::tensor<T>;
+}
+&&ddp::tensor<T>;
 }  // namespace
 
 TEST_CASE("standard contiguous ranges are tensors with no user code", "[tensor]") {
@@ -106,9 +107,9 @@ TEST_CASE("standard contiguous ranges are tensors with no user code", "[tensor]"
   STATIC_REQUIRE(ddp::tensor<std::vector<long long>>);
   STATIC_REQUIRE(ddp::tensor<user::Tensor>);
   STATIC_REQUIRE_FALSE(ddp::tensor<not_a_tensor>);
-  STATIC_REQUIRE_FALSE(ddp::tensor<std::vector<bool>>);       // not contiguous
-  STATIC_REQUIRE_FALSE(ddp::tensor<std::vector<std::string>>); // no dtype
-  STATIC_REQUIRE_FALSE(ddp::tensor<std::span<const float>>);   // read-only memory
+  STATIC_REQUIRE_FALSE(ddp::tensor<std::vector<bool>>);         // not contiguous
+  STATIC_REQUIRE_FALSE(ddp::tensor<std::vector<std::string>>);  // no dtype
+  STATIC_REQUIRE_FALSE(ddp::tensor<std::span<const float>>);    // read-only memory
 
   std::array<std::int64_t, 3> a{1, 2, 3};
   const auto v = ddp::view(a);
@@ -132,9 +133,14 @@ TEST_CASE("a user tensor type plugs in through tensor_traits", "[tensor]") {
 
 TEST_CASE("dtype sizes and names", "[dtype]") {
   using ddp::dtype;
-  for (auto [t, bytes, name] : {std::tuple{dtype::f16, 2u, "f16"}, {dtype::bf16, 2u, "bf16"}, {dtype::f32, 4u, "f32"},
-                                {dtype::f64, 8u, "f64"}, {dtype::i8, 1u, "i8"}, {dtype::u8, 1u, "u8"},
-                                {dtype::i32, 4u, "i32"}, {dtype::i64, 8u, "i64"}}) {
+  for (auto [t, bytes, name] : {std::tuple{dtype::f16, 2u, "f16"},
+                                {dtype::bf16, 2u, "bf16"},
+                                {dtype::f32, 4u, "f32"},
+                                {dtype::f64, 8u, "f64"},
+                                {dtype::i8, 1u, "i8"},
+                                {dtype::u8, 1u, "u8"},
+                                {dtype::i32, 4u, "i32"},
+                                {dtype::i64, 8u, "i64"}}) {
     CHECK(ddp::size_of(t) == bytes);
     CHECK(ddp::name_of(t) == std::string_view(name));
   }

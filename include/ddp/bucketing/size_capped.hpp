@@ -17,7 +17,7 @@ namespace ddp::bucketing {
 /// Policy: per (dtype, device), a bucket closes once it holds at least `cap_bytes`, except one
 /// small bucket of `small_bucket_bytes`, launched first or last per `small_at`. Never rebuilt.
 struct size_capped {
-  std::size_t cap_bytes = std::size_t{25} << 20;         ///< PyTorch's bucket_cap_mb default
+  std::size_t cap_bytes = std::size_t{25} << 20;          ///< PyTorch's bucket_cap_mb default
   std::size_t small_bucket_bytes = std::size_t{1} << 20;  ///< PyTorch's first-bucket default
   small_bucket small_at = small_bucket::first;            ///< explicit, not an accident of rebuilding
 

@@ -103,8 +103,9 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
   /// The current view of buffer `index`: its slice of the storage for an emplaced buffer.
   [[nodiscard]] tensor_view view(std::size_t index) const {
     if (index >= entries_.size()) {
-      throw usage_error(comm_.rank(), "BufferReducer::view",
-                        "no buffer #" + std::to_string(index) + " (" + std::to_string(entries_.size()) + " registered)");
+      throw usage_error(
+          comm_.rank(), "BufferReducer::view",
+          "no buffer #" + std::to_string(index) + " (" + std::to_string(entries_.size()) + " registered)");
     }
     const buffer_entry& e = entries_[index];
     if (e.owned) {
@@ -251,9 +252,10 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
 
   void check_addable(const char* op, std::size_t index) const {
     if (built_) {
-      throw usage_error(comm_.rank(), op,
-                        "buffer #" + std::to_string(index) +
-                            " registered after build() (or the first sync): register every buffer before, on every rank");
+      throw usage_error(
+          comm_.rank(), op,
+          "buffer #" + std::to_string(index) +
+              " registered after build() (or the first sync): register every buffer before, on every rank");
     }
   }
 
@@ -383,11 +385,11 @@ class buffer_reducer_state : public std::enable_shared_from_this<buffer_reducer_
         const tensor_view now = e.refresh(e.object);
         if (now.count != e.registered.count || now.type != e.registered.type || now.where != e.registered.where) {
           throw usage_error(comm_.rank(), "BufferReducer::sync",
-                            "buffer #" + std::to_string(gv.indices[k]) + " was " + std::string(name_of(e.registered.type)) +
-                                " x " + std::to_string(e.registered.count) + " on " + e.registered.where.str() +
-                                " when registered and is now " + std::string(name_of(now.type)) + " x " +
-                                std::to_string(now.count) + " on " + now.where.str() +
-                                ": a registered buffer must keep its size, dtype and device");
+                            "buffer #" + std::to_string(gv.indices[k]) + " was " +
+                                std::string(name_of(e.registered.type)) + " x " + std::to_string(e.registered.count) +
+                                " on " + e.registered.where.str() + " when registered and is now " +
+                                std::string(name_of(now.type)) + " x " + std::to_string(now.count) + " on " +
+                                now.where.str() + ": a registered buffer must keep its size, dtype and device");
         }
         if (is_copied) {
           gv.targets[copied] = now;

@@ -114,7 +114,8 @@ class global_batch_sampler {
   /// Construct it before the Manager forms its first quorum; `state` must outlive the sampler.
   /// @throws usage_error for invalid options
   global_batch_sampler(sampler_options options, training_state& state)
-      : opts_(check(options)), cursor_([&state, i = state.add_scalar(0)]() -> std::int64_t& { return state.scalar(i); }) {}
+      : opts_(check(options)),
+        cursor_([&state, i = state.add_scalar(0)]() -> std::int64_t& { return state.scalar(i); }) {}
   /// Keeps the cursor in `cursor` (a scalar of your own transferable state); it must outlive the sampler.
   /// @throws usage_error for invalid options
   global_batch_sampler(sampler_options options, std::int64_t& cursor)
@@ -166,10 +167,10 @@ class global_batch_sampler {
   ///   with `healed_replicas_participate = false` while a replica heals): their gradients count as
   ///   zeros, so their samples would be lost
   template <class Group>
-    requires requires(const Group& g) {
-      { g.rank() } -> std::convertible_to<int>;
-      { g.size() } -> std::convertible_to<int>;
-    }
+  requires requires(const Group& g) {
+    { g.rank() } -> std::convertible_to<int>;
+    { g.size() } -> std::convertible_to<int>;
+  }
   [[nodiscard]] item_range share(const Group& g) const {
     if constexpr (requires { g.participants(); }) {
       if (g.participants() != g.size()) {
@@ -206,10 +207,12 @@ class global_batch_sampler {
   static sampler_options check(const sampler_options& o) {
     const char* op = "global_batch_sampler";
     if (o.dataset_size == 0) throw usage_error(-1, op, "dataset_size must be positive");
-    if (o.global_batch == 0 || o.micro_batch == 0) throw usage_error(-1, op, "global_batch and micro_batch must be positive");
+    if (o.global_batch == 0 || o.micro_batch == 0)
+      throw usage_error(-1, op, "global_batch and micro_batch must be positive");
     if (o.global_batch % o.micro_batch != 0) {
-      throw usage_error(-1, op, "global_batch " + std::to_string(o.global_batch) + " is not a multiple of micro_batch " +
-                                    std::to_string(o.micro_batch));
+      throw usage_error(-1, op,
+                        "global_batch " + std::to_string(o.global_batch) + " is not a multiple of micro_batch " +
+                            std::to_string(o.micro_batch));
     }
     return o;
   }

@@ -18,7 +18,8 @@ class aligned_buffer {
       : data_(bytes ? static_cast<std::byte*>(::operator new(bytes, alignment)) : nullptr), size_(bytes) {
     if (data_) std::memset(data_, 0, bytes);
   }
-  aligned_buffer(aligned_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  aligned_buffer(aligned_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   aligned_buffer& operator=(aligned_buffer&& o) noexcept {
     if (this != &o) {
       release();

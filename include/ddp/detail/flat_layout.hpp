@@ -79,8 +79,7 @@ class flat_layout {
 
   /// Groups `members` and allocates storage for every host group of several buffers, or that
   /// holds an owned buffer.
-  explicit flat_layout(std::span<const flat_member> members)
-      : group_of_(members.size()), position_of_(members.size()) {
+  explicit flat_layout(std::span<const flat_member> members) : group_of_(members.size()), position_of_(members.size()) {
     for (std::size_t i = 0; i < members.size(); ++i) {
       const flat_member& m = members[i];
       std::size_t g = 0;

@@ -55,9 +55,8 @@ inline constexpr std::uint64_t fnv1a_prime = 0x100000001b3ull;
 /// across processes of one machine type; use `fnv1a_u64` for integers that other machines hash.
 /// Only for types without padding (whose bytes would be indeterminate) and floating types.
 template <class T>
-  requires std::is_trivially_copyable_v<T> &&
-           (std::has_unique_object_representations_v<T> || std::is_floating_point_v<T>)
-[[nodiscard]] constexpr std::uint64_t fnv1a_object(const T& value, std::uint64_t h = fnv1a_offset_basis) noexcept {
+requires std::is_trivially_copyable_v<T> &&(std::has_unique_object_representations_v<T> || std::is_floating_point_v<T>)
+    [[nodiscard]] constexpr std::uint64_t fnv1a_object(const T& value, std::uint64_t h = fnv1a_offset_basis) noexcept {
   const auto bytes = std::bit_cast<std::array<std::byte, sizeof(T)>>(value);
   return fnv1a(std::span<const std::byte>(bytes), h);
 }

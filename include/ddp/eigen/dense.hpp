@@ -75,27 +75,31 @@ namespace ddp {
 
 /// `Eigen::Matrix` of a supported scalar: see `eigen::dense_traits`.
 template <class S, int Rows, int Cols, int Options, int MaxRows, int MaxCols>
-  requires eigen::scalar<S>
+requires eigen::scalar<S>
 struct tensor_traits<Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>>
-    : eigen::dense_traits<Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>> {};
+    : eigen::dense_traits<Eigen::Matrix<S, Rows, Cols, Options, MaxRows, MaxCols>> {
+};
 
 /// `Eigen::Array` of a supported scalar: see `eigen::dense_traits`.
 template <class S, int Rows, int Cols, int Options, int MaxRows, int MaxCols>
-  requires eigen::scalar<S>
+requires eigen::scalar<S>
 struct tensor_traits<Eigen::Array<S, Rows, Cols, Options, MaxRows, MaxCols>>
-    : eigen::dense_traits<Eigen::Array<S, Rows, Cols, Options, MaxRows, MaxCols>> {};
+    : eigen::dense_traits<Eigen::Array<S, Rows, Cols, Options, MaxRows, MaxCols>> {
+};
 
 /// `Eigen::Map` of a mutable Matrix or Array: see `eigen::dense_traits` (contiguity checked).
 template <class Plain, int MapOptions, class Stride>
-  requires eigen::mutable_dense<Eigen::Map<Plain, MapOptions, Stride>>
+requires eigen::mutable_dense<Eigen::Map<Plain, MapOptions, Stride>>
 struct tensor_traits<Eigen::Map<Plain, MapOptions, Stride>>
-    : eigen::dense_traits<Eigen::Map<Plain, MapOptions, Stride>> {};
+    : eigen::dense_traits<Eigen::Map<Plain, MapOptions, Stride>> {
+};
 
 /// `Eigen::Ref` of a mutable Matrix or Array: see `eigen::dense_traits` (contiguity checked).
 template <class Plain, int RefOptions, class Stride>
-  requires eigen::mutable_dense<Eigen::Ref<Plain, RefOptions, Stride>>
+requires eigen::mutable_dense<Eigen::Ref<Plain, RefOptions, Stride>>
 struct tensor_traits<Eigen::Ref<Plain, RefOptions, Stride>>
-    : eigen::dense_traits<Eigen::Ref<Plain, RefOptions, Stride>> {};
+    : eigen::dense_traits<Eigen::Ref<Plain, RefOptions, Stride>> {
+};
 
 static_assert(tensor<Eigen::MatrixXf> && tensor<Eigen::ArrayXd> && tensor<Eigen::Map<Eigen::VectorXf>>);
 static_assert(!tensor<Eigen::Map<const Eigen::VectorXf>> && !tensor<Eigen::MatrixXcf>);

@@ -25,8 +25,9 @@ struct scalar_dtype {};
 
 /// ddp element types map to their own dtype.
 template <class S>
-  requires element<S>
-struct scalar_dtype<S> : std::integral_constant<dtype, dtype_v<S>> {};
+requires element<S>
+struct scalar_dtype<S> : std::integral_constant<dtype, dtype_v<S>> {
+};
 
 /// `Eigen::half` (IEEE binary16) is `dtype::f16`.
 template <>
@@ -38,7 +39,9 @@ struct scalar_dtype<Eigen::bfloat16> : std::integral_constant<dtype, dtype::bf16
 
 /// An Eigen scalar type with a ddp dtype.
 template <class S>
-concept scalar = requires { scalar_dtype<std::remove_cv_t<S>>::value; };
+concept scalar = requires {
+  scalar_dtype<std::remove_cv_t<S>>::value;
+};
 
 /// `scalar_dtype<S>::value`.
 template <scalar S>

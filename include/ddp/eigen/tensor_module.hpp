@@ -48,21 +48,24 @@ namespace ddp {
 
 /// `Eigen::Tensor` of a supported scalar: see `eigen::tensor_module_traits`.
 template <class S, int Rank, int Options, class Index>
-  requires eigen::scalar<S>
+requires eigen::scalar<S>
 struct tensor_traits<Eigen::Tensor<S, Rank, Options, Index>>
-    : eigen::tensor_module_traits<Eigen::Tensor<S, Rank, Options, Index>> {};
+    : eigen::tensor_module_traits<Eigen::Tensor<S, Rank, Options, Index>> {
+};
 
 /// `Eigen::TensorFixedSize` of a supported scalar: see `eigen::tensor_module_traits`.
 template <class S, class Dimensions, int Options, class Index>
-  requires eigen::scalar<S>
+requires eigen::scalar<S>
 struct tensor_traits<Eigen::TensorFixedSize<S, Dimensions, Options, Index>>
-    : eigen::tensor_module_traits<Eigen::TensorFixedSize<S, Dimensions, Options, Index>> {};
+    : eigen::tensor_module_traits<Eigen::TensorFixedSize<S, Dimensions, Options, Index>> {
+};
 
 /// `Eigen::TensorMap` of a mutable tensor: see `eigen::tensor_module_traits`.
 template <class Plain, int Options, template <class> class MakePointer>
-  requires eigen::mutable_tensor<Eigen::TensorMap<Plain, Options, MakePointer>>
+requires eigen::mutable_tensor<Eigen::TensorMap<Plain, Options, MakePointer>>
 struct tensor_traits<Eigen::TensorMap<Plain, Options, MakePointer>>
-    : eigen::tensor_module_traits<Eigen::TensorMap<Plain, Options, MakePointer>> {};
+    : eigen::tensor_module_traits<Eigen::TensorMap<Plain, Options, MakePointer>> {
+};
 
 static_assert(tensor<Eigen::Tensor<float, 3>> && tensor<Eigen::TensorMap<Eigen::Tensor<double, 2>>>);
 static_assert(!tensor<Eigen::TensorMap<const Eigen::Tensor<float, 2>>>);

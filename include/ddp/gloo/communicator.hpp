@@ -53,8 +53,9 @@ class communicator {
   ///         communication_error if connecting failed
   communicator(store_ref store, int rank, int size, options opts = {}) : rank_(rank), size_(size) {
     if (size < 1 || rank < 0 || rank >= size) {
-      throw usage_error(rank, "gloo connect",
-                        "rank " + std::to_string(rank) + " is not a rank of a communicator of size " + std::to_string(size));
+      throw usage_error(
+          rank, "gloo connect",
+          "rank " + std::to_string(rank) + " is not a rank of a communicator of size " + std::to_string(size));
     }
     if (opts.timeout.count() <= 0 || opts.connect_timeout.count() <= 0) {
       throw usage_error(rank, "gloo connect", "timeouts must be positive");
@@ -73,9 +74,9 @@ class communicator {
       }
       device = ::gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {
-      throw communication_error(rank, "gloo connect",
-                                "cannot listen on '" + (opts.interface.empty() ? opts.hostname : opts.interface) +
-                                    "': " + e.what());
+      throw communication_error(
+          rank, "gloo connect",
+          "cannot listen on '" + (opts.interface.empty() ? opts.hostname : opts.interface) + "': " + e.what());
     }
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     // Connecting waits on peers with the context's timeout: keep it within the connect budget.
@@ -137,7 +138,8 @@ class communicator {
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     const op_info info = contract::check_allreduce(caller("allreduce"), ts, op);
     std::vector<tensor_view> views(ts.begin(), ts.end());
-    return issue(info, [views = std::move(views), op](detail::call_context& c) { detail::run_allreduce(c, views, op); });
+    return issue(info,
+                 [views = std::move(views), op](detail::call_context& c) { detail::run_allreduce(c, views, op); });
   }
 
   /// In-place broadcast of `ts` from `root` (one byte-wise gloo call for all of them).

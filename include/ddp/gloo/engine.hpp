@@ -62,7 +62,7 @@ struct queued_op {
 
   op_info info;
   std::function<void(call_context&)> body;  ///< the blocking gloo calls; captures the views
-  std::chrono::milliseconds timeout{};       ///< gloo's deadline for each of its waits
+  std::chrono::milliseconds timeout{};      ///< gloo's deadline for each of its waits
   status state = status::queued;
   std::exception_ptr error;
 
@@ -327,7 +327,6 @@ class engine {
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   }
-
 
   const int rank_;
   const int size_;

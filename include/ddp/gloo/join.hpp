@@ -17,9 +17,9 @@ namespace ddp::gloo {
 
 /// Former name of `enroll`.
 template <store S>
-[[deprecated("use ddp::gloo::enroll (ddp/gloo/enroll.hpp): 'join' now names only uneven inputs (JoinContext)")]]
-[[nodiscard]] communicator join(S& store, std::string_view job, std::uint64_t generation, std::string_view id,
-                                const stores::group_options& group = {}, options opts = {}) {
+[[deprecated("use ddp::gloo::enroll (ddp/gloo/enroll.hpp)")]] [[nodiscard]] communicator join(
+    S& store, std::string_view job, std::uint64_t generation, std::string_view id,
+    const stores::group_options& group = {}, options opts = {}) {
   return enroll(store, job, generation, id, group, std::move(opts));
 }
 

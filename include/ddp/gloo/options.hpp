@@ -22,7 +22,7 @@ struct options {
   /// communicator reachable from the network is a decision, not a default.
   std::string hostname = "127.0.0.1";
   /// Network interface to listen on ("eth0"); when set, it replaces `hostname`.
-  std::string interface{};
+  std::string interface {};
   /// Namespace of the communicator's keys inside the store it is given.
   std::string key_prefix = "gloo/";
   /// f16/bf16 are reduced in f32 on the wire: one rounding at the end, like the local backend,

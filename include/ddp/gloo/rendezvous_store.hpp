@@ -90,8 +90,8 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
     const auto end = std::chrono::steady_clock::now() + budget;
     for (;;) {
       const auto now = std::chrono::steady_clock::now();
-      const auto slice = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(end - now),
-                                  std::chrono::milliseconds(500));
+      const auto slice =
+          std::min(std::chrono::duration_cast<std::chrono::milliseconds>(end - now), std::chrono::milliseconds(500));
       try {
         store_.wait(full, std::max(slice, std::chrono::milliseconds(0)));
         return;

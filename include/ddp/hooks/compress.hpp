@@ -1,7 +1,8 @@
 #pragma once
 /// @file hooks/compress.hpp
 /// @brief Compression hooks: cast the bucket to f16 or bf16 (dividing first, by ddp's averaging
-/// rule, so the sum cannot overflow), allreduce half the bytes, cast back on completion. PyTorch's fp16/bf16 compress hooks.
+/// rule, so the sum cannot overflow), allreduce half the bytes, cast back on completion. PyTorch's fp16/bf16 compress
+/// hooks.
 
 #include <cstddef>
 #include <memory>

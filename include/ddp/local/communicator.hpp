@@ -58,7 +58,7 @@ struct fault {
 /// Settings of a local communicator group.
 struct options {
   std::chrono::milliseconds timeout = default_timeout;  ///< deadline of every blocking wait
-  std::vector<fault> faults;  ///< faults to inject (none by default)
+  std::vector<fault> faults;                            ///< faults to inject (none by default)
 };
 
 /// Thrown on a rank that leaves by fault injection; `local::run` treats it as a normal exit.

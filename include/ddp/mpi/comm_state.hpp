@@ -44,7 +44,8 @@ class comm_state {
       : options_(opts), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
     constexpr const char* where = "mpi::communicator";
     if (!mpi_running()) {
-      throw usage_error(-1, where, "MPI is not running: create a ddp::mpi::environment (or call MPI_Init_thread) first");
+      throw usage_error(-1, where,
+                        "MPI is not running: create a ddp::mpi::environment (or call MPI_Init_thread) first");
     }
     if (parent == MPI_COMM_NULL) throw usage_error(-1, where, "cannot build a communicator from MPI_COMM_NULL");
     int provided = MPI_THREAD_SINGLE;

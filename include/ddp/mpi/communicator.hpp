@@ -223,15 +223,13 @@ class communicator {
 
   /// In-place allreduce of one tensor of any tensor type.
   template <class T>
-    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
-  work allreduce(T& t, reduce_op op) {
+  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
     const tensor_view v = ddp::view(t);
     return allreduce(std::span<const tensor_view>(&v, 1), op);
   }
   /// In-place broadcast of one tensor of any tensor type from `root`.
   template <class T>
-    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
-  work broadcast(T& t, int root) {
+  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root) {
     const tensor_view v = ddp::view(t);
     return broadcast(std::span<const tensor_view>(&v, 1), root);
   }
@@ -285,8 +283,8 @@ class communicator {
       int rc = MPI_SUCCESS;
       {
         detail::call_guard guard(s);
-        rc = MPI_Iallreduce(MPI_IN_PLACE, region.byte_data() + done * size_of(region.type), static_cast<int>(n),
-                            type, mpi_op, s.comm(), w.new_request());
+        rc = MPI_Iallreduce(MPI_IN_PLACE, region.byte_data() + done * size_of(region.type), static_cast<int>(n), type,
+                            mpi_op, s.comm(), w.new_request());
       }
       s.check_issue(rc, w.info(), "MPI_Iallreduce");
       done += n;

@@ -36,12 +36,12 @@ class comm_state {
   /// revoked or reports an asynchronous error is aborted, which never waits for peers.
   ~comm_state() {
     int previous = device;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
-                          cudaSetDevice(device) == cudaSuccess;
+    const bool switched =
+        cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
     if (comm != nullptr && status_ != comm_status::aborted) {
       ncclResult_t async = ncclSuccess;
-      const bool clean = status_ == comm_status::healthy && ncclCommGetAsyncError(comm, &async) == ncclSuccess &&
-                         async == ncclSuccess;
+      const bool clean =
+          status_ == comm_status::healthy && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess;
       (void)(clean ? ncclCommDestroy(comm) : ncclCommAbort(comm));
     }
     if (barrier_buffer != nullptr) (void)cudaFree(barrier_buffer);
@@ -150,8 +150,8 @@ class comm_state {
     if (status_ == comm_status::aborted) return;
     if (comm != nullptr) {
       int previous = device;
-      const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
-                            cudaSetDevice(device) == cudaSuccess;
+      const bool switched =
+          cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
       (void)ncclCommAbort(comm);  // frees the communicator, even when it reports an error
       if (switched) (void)cudaSetDevice(previous);
     }

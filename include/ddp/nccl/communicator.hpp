@@ -149,8 +149,8 @@ class communicator {
     const op_info info = contract::check_allreduce(caller(), ts, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
-        check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), to_nccl(op), comm, stream()), rank(),
-                   what, "ncclAllReduce", comm);
+        check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), to_nccl(op), comm, stream()), rank(), what,
+                   "ncclAllReduce", comm);
       });
     });
   }
@@ -188,8 +188,8 @@ class communicator {
     const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (out.count == 0) return;
-      check_nccl(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), comm, stream()),
-                 rank(), what, "ncclReduceScatter", comm);
+      check_nccl(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), comm, stream()), rank(),
+                 what, "ncclReduceScatter", comm);
     });
   }
 
@@ -260,8 +260,8 @@ class communicator {
     std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
     for (const int r : excluded) {
       if (r < 0 || r >= size()) {
-        throw usage_error(rank(), operation, "excluded rank " + std::to_string(r) + " is not in [0, " +
-                                                 std::to_string(size()) + ")");
+        throw usage_error(rank(), operation,
+                          "excluded rank " + std::to_string(r) + " is not in [0, " + std::to_string(size()) + ")");
       }
       if (r == rank()) throw usage_error(rank(), operation, "an excluded rank must not call shrink()");
     }

@@ -20,8 +20,9 @@ namespace ddp::nccl {
 
 /// Result of asking the CUDA runtime how many devices this process sees.
 struct device_count {
-  int count = 0;                      ///< 0 whenever `status` is not cudaSuccess
-  cudaError_t status = cudaSuccess;  ///< why no device is visible, e.g. cudaErrorNoDevice or cudaErrorInsufficientDriver
+  int count = 0;  ///< 0 whenever `status` is not cudaSuccess
+  cudaError_t status =
+      cudaSuccess;  ///< why no device is visible, e.g. cudaErrorNoDevice or cudaErrorInsufficientDriver
 };
 
 /// Number of CUDA devices visible to this process. Never throws: "no device" is an answer here.

@@ -55,9 +55,9 @@ struct unique_id {
 [[nodiscard]] inline unique_id share_unique_id(communicator_ref over, int root = 0) {
   const char* const operation = "nccl::share_unique_id";
   if (root < 0 || root >= over.size()) {
-    throw usage_error(over.rank(), operation,
-                      "root " + std::to_string(root) + " is not a rank of a communicator of size " +
-                          std::to_string(over.size()));
+    throw usage_error(
+        over.rank(), operation,
+        "root " + std::to_string(root) + " is not a rank of a communicator of size " + std::to_string(over.size()));
   }
   // Byte 0 says whether the root succeeded; the id follows.
   std::array<std::uint8_t, 1 + NCCL_UNIQUE_ID_BYTES> message{};
@@ -74,8 +74,9 @@ struct unique_id {
   over.broadcast(message, root).wait();
   if (root_failure) std::rethrow_exception(root_failure);
   if (message[0] != 1) {
-    throw communication_error(over.rank(), operation,
-                              "rank " + std::to_string(root) + " could not generate the NCCL unique id (see its error)");
+    throw communication_error(
+        over.rank(), operation,
+        "rank " + std::to_string(root) + " could not generate the NCCL unique id (see its error)");
   }
   unique_id id;
   std::memcpy(id.native.internal, message.data() + 1, NCCL_UNIQUE_ID_BYTES);

@@ -219,8 +219,9 @@ class accumulator {
   void check_parts(std::size_t leaf, std::span<const tensor_view> parts) const {
     const char* op = "reproducible::accumulator::add";
     if (!range_.contains(leaf)) {
-      throw usage_error(-1, op, "micro-batch " + std::to_string(leaf) + " is not in this rank's range [" +
-                                    std::to_string(range_.first) + ", " + std::to_string(range_.last) + ")");
+      throw usage_error(-1, op,
+                        "micro-batch " + std::to_string(leaf) + " is not in this rank's range [" +
+                            std::to_string(range_.first) + ", " + std::to_string(range_.last) + ")");
     }
     for (node n{0, leaf}; n.level <= tree_.height(); n = tree::parent(n)) {
       if (stored_.count(n)) {
@@ -229,16 +230,17 @@ class accumulator {
     }
     const auto& shapes = layout_.tensors();
     if (parts.size() != shapes.size()) {
-      throw usage_error(-1, op, std::to_string(parts.size()) + " tensors given, the layout has " +
-                                    std::to_string(shapes.size()));
+      throw usage_error(
+          -1, op, std::to_string(parts.size()) + " tensors given, the layout has " + std::to_string(shapes.size()));
     }
     for (std::size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].type != shapes[i].type || parts[i].count != shapes[i].count || !parts[i].where.is_host() ||
           (parts[i].count && !parts[i].data)) {
-        throw usage_error(-1, op, "tensor " + std::to_string(i) + " is " + std::to_string(parts[i].count) + " " +
-                                      std::string(name_of(parts[i].type)) + " on " + parts[i].where.str() +
-                                      "; the layout wants " + std::to_string(shapes[i].count) + " " +
-                                      std::string(name_of(shapes[i].type)) + " in host memory");
+        throw usage_error(-1, op,
+                          "tensor " + std::to_string(i) + " is " + std::to_string(parts[i].count) + " " +
+                              std::string(name_of(parts[i].type)) + " on " + parts[i].where.str() +
+                              "; the layout wants " + std::to_string(shapes[i].count) + " " +
+                              std::string(name_of(shapes[i].type)) + " in host memory");
       }
     }
   }

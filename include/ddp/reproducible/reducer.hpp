@@ -72,16 +72,16 @@ struct reproducible_options {
 
 /// What the last `finalize()` did.
 struct reproducible_stats {
-  int ranks = 0;                         ///< world size of the step
-  item_range range{};                    ///< this rank's micro-batches
-  std::size_t computed = 0;              ///< micro-batches accumulated in this step
-  std::size_t reused = 0;                ///< micro-batches kept from a failed attempt (`reuse_after_failure`)
-  std::size_t cover = 0;                 ///< this rank's cover nodes
-  std::size_t max_cover = 0;             ///< K: nodes per rank in the cross-rank reduction
-  std::size_t collectives = 0;           ///< allgathers issued
-  std::size_t bytes_received = 0;        ///< other ranks' node bytes received
-  double finalize_ms = 0;                ///< time in `finalize()`
-  double wait_ms = 0;                    ///< of which waiting for collectives
+  int ranks = 0;                   ///< world size of the step
+  item_range range{};              ///< this rank's micro-batches
+  std::size_t computed = 0;        ///< micro-batches accumulated in this step
+  std::size_t reused = 0;          ///< micro-batches kept from a failed attempt (`reuse_after_failure`)
+  std::size_t cover = 0;           ///< this rank's cover nodes
+  std::size_t max_cover = 0;       ///< K: nodes per rank in the cross-rank reduction
+  std::size_t collectives = 0;     ///< allgathers issued
+  std::size_t bytes_received = 0;  ///< other ranks' node bytes received
+  double finalize_ms = 0;          ///< time in `finalize()`
+  double wait_ms = 0;              ///< of which waiting for collectives
 };
 
 /// Gradients averaged over M micro-batches with world-size-invariant bits (see the file
@@ -130,12 +130,14 @@ class ReproducibleReducer {
     const char* op = "ReproducibleReducer::add";
     if (acc_) throw usage_error(comm_.rank(), op, "gradients must be registered before build()");
     if (!is_floating(gradient.type)) {
-      throw usage_error(comm_.rank(), op, "gradient " + std::to_string(grads_.size()) + " has dtype " +
-                                              std::string(name_of(gradient.type)) + "; only f32, f64, f16 and bf16 are added");
+      throw usage_error(comm_.rank(), op,
+                        "gradient " + std::to_string(grads_.size()) + " has dtype " +
+                            std::string(name_of(gradient.type)) + "; only f32, f64, f16 and bf16 are added");
     }
     if (!gradient.where.is_host()) {
-      throw usage_error(comm_.rank(), op, "gradient " + std::to_string(grads_.size()) + " is on " +
-                                              gradient.where.str() + "; this version reduces host memory only");
+      throw usage_error(comm_.rank(), op,
+                        "gradient " + std::to_string(grads_.size()) + " is on " + gradient.where.str() +
+                            "; this version reduces host memory only");
     }
     if (gradient.count && !gradient.data) throw usage_error(comm_.rank(), op, "null data pointer");
     for (const auto& g : grads_) {
@@ -331,8 +333,9 @@ class ReproducibleReducer {
     for (std::size_t k = 0; k < missing.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(missing[k]);
     if (missing.size() > 10) list += ", ...";
     throw usage_error(rank_, "ReproducibleReducer::finalize",
-                      std::to_string(missing.size()) + " of this rank's micro-batches [" + std::to_string(range_.first) +
-                          ", " + std::to_string(range_.last) + ") were never accumulated (" + list + ")");
+                      std::to_string(missing.size()) + " of this rank's micro-batches [" +
+                          std::to_string(range_.first) + ", " + std::to_string(range_.last) +
+                          ") were never accumulated (" + list + ")");
   }
 
   const plan& plan_for(int ranks) {
@@ -373,7 +376,8 @@ class ReproducibleReducer {
   // Runs the program over elements [0, len) of one chunk of group g starting at group element
   // `start`; input i's chunk begins at inputs[i]. Writes root (/ M) into the gradients.
   template <class T>
-  void evaluate(const plan& pl, std::size_t g, std::size_t start, std::size_t len, const std::vector<const T*>& inputs) {
+  void evaluate(const plan& pl, std::size_t g, std::size_t start, std::size_t len,
+                const std::vector<const T*>& inputs) {
     constexpr std::size_t block = 2048;
     scratch_.resize(std::max<std::size_t>(pl.depth, 1) * block * sizeof(T));
     T* temps = reinterpret_cast<T*>(scratch_.data());
@@ -489,9 +493,8 @@ class ReproducibleReducer {
       free_slots.pop_back();
       std::chrono::milliseconds timeout{0};
       for (std::size_t k = 0; k < pl.kmax; ++k) {
-        const tensor_view in = k < mine.size()
-                                   ? l.group_view(acc_->value(mine[k]), ch.group).slice(ch.start, ch.len)
-                                   : tensor_view{dummy_.data(), ch.len, gr.type, device::host()};
+        const tensor_view in = k < mine.size() ? l.group_view(acc_->value(mine[k]), ch.group).slice(ch.start, ch.len)
+                                               : tensor_view{dummy_.data(), ch.len, gr.type, device::host()};
         const tensor_view out{recv_[f.slot].data() + k * p * ch.len * esz, p * ch.len, gr.type, device::host()};
         f.works.push_back(comm_.allgather(in, out));
         timeout = std::max(timeout, f.works.back().timeout());

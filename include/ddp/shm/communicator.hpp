@@ -74,8 +74,8 @@ using bucket_allocator = std::function<std::shared_ptr<std::byte>(std::size_t by
 /// `make_mpi_communicator` produces).
 template <class Cross>
 struct node_parts {
-  node_topology topology;  ///< which ranks share this rank's node, and who leads it
-  segment_layout layout;   ///< how the node's shared segment is carved up
+  node_topology topology;           ///< which ranks share this rank's node, and who leads it
+  segment_layout layout;            ///< how the node's shared segment is carved up
   std::shared_ptr<segment> shared;  ///< the node's segment; null when this rank is alone on its node
   std::optional<Cross> leaders;     ///< on node leaders when there are several nodes
 };
@@ -100,8 +100,9 @@ class communicator {
   /// returns the communicator of the node leaders (rank = node index, size = number of nodes).
   /// One more allgather checks every leader got one.
   template <class MakeLeaders>
-    requires std::is_invocable_r_v<std::optional<Cross>, MakeLeaders&, const node_topology&>
-  communicator(Inner inner, shm::options opts, MakeLeaders make_leaders) : inner_(std::move(inner)) {
+  requires std::is_invocable_r_v<std::optional<Cross>, MakeLeaders&, const node_topology&> communicator(
+      Inner inner, shm::options opts, MakeLeaders make_leaders)
+      : inner_(std::move(inner)) {
     check_options(opts, inner_.rank());
     node_parts<Cross> parts;
     parts.topology = detect_topology(inner_, opts.node_of_rank);
@@ -168,8 +169,7 @@ class communicator {
 
   /// Single-tensor convenience over any tensor type.
   template <class T>
-    requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>
-  work allreduce(T& t, reduce_op op) {
+  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
     const tensor_view v = ddp::view(t);
     return allreduce(std::span<const tensor_view>(&v, 1), op);
   }
@@ -318,7 +318,7 @@ class communicator {
                          oversubscribed ? 0u : s_->opts.spins_before_yield, s_->opts.single_phase_bytes);
       if (parts.layout.arena_bytes() > 0) {
         s_->pool = std::make_shared<shm::arena>(s_->shared->data() + parts.layout.arena(t.node_rank),
-                                            parts.layout.arena_bytes(), s_->shared);
+                                                parts.layout.arena_bytes(), s_->shared);
       }
     } else if (s_->opts.arena_bytes > 0) {
       // Alone on the node: nobody to share with, but allocate() must still work. Back the
@@ -379,7 +379,8 @@ class communicator {
       std::vector<tensor_view> parts;
       for (const auto& g : groups) parts.insert(parts.end(), g.parts.begin(), g.parts.end());
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      leaders_->allreduce(std::span<const tensor_view>(parts), partial).wait_for(std::max(left, std::chrono::milliseconds(1)));
+      leaders_->allreduce(std::span<const tensor_view>(parts), partial)
+          .wait_for(std::max(left, std::chrono::milliseconds(1)));
       if (op == reduce_op::avg) {
         for (const auto& p : parts) ddp::detail::divide_in_place(p.type, p.data, p.count, world);
       }

@@ -152,7 +152,8 @@ DDP_SHM_INLINE inline void combine(C* __restrict acc, const C* __restrict in, st
 
 /// acc = a op b.
 template <reduce_op Op, class C>
-DDP_SHM_INLINE inline void combine2(C* __restrict acc, const C* __restrict a, const C* __restrict b, std::size_t n) noexcept {
+DDP_SHM_INLINE inline void combine2(C* __restrict acc, const C* __restrict a, const C* __restrict b,
+                                    std::size_t n) noexcept {
   const std::size_t whole = n - n % lanes;
   for (std::size_t i = 0; i < whole; i += lanes) {
     for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = apply<Op>(a[i + j], b[i + j]);
@@ -178,7 +179,7 @@ DDP_SHM_INLINE inline void divide(C* __restrict acc, std::size_t n, std::int64_t
 
 template <class T, reduce_op Op>
 DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in, int k, std::size_t n,
-                                     std::int64_t divisor) noexcept {
+                                            std::int64_t divisor) noexcept {
   using C = compute_t<T>;
   alignas(64) C acc[kernel_block];
   alignas(64) C wide[is_half_like<T> ? kernel_block : 1];

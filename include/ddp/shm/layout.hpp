@@ -44,9 +44,9 @@ struct chunk_descriptor {
 /// One rank's control record. Counters hold "chunks done + 1" in the node's global chunk
 /// sequence (0: none yet); each is written by its rank only, through std::atomic_ref.
 struct rank_control {
-  alignas(line_bytes) std::uint64_t staged;   ///< chunk g's input is in place (and described)
-  alignas(line_bytes) std::uint64_t reduced;  ///< this rank's slice of chunk g is reduced
-  alignas(line_bytes) std::uint64_t copied;   ///< this rank finished reading chunk g everywhere
+  alignas(line_bytes) std::uint64_t staged;      ///< chunk g's input is in place (and described)
+  alignas(line_bytes) std::uint64_t reduced;     ///< this rank's slice of chunk g is reduced
+  alignas(line_bytes) std::uint64_t copied;      ///< this rank finished reading chunk g everywhere
   alignas(line_bytes) chunk_descriptor desc[2];  ///< by chunk parity (double buffering)
 };
 
@@ -93,9 +93,7 @@ class segment_layout {
   [[nodiscard]] std::size_t slot(int q, std::size_t parity) const noexcept {
     return staging_ + (static_cast<std::size_t>(q) * 2 + parity) * chunk_;
   }
-  [[nodiscard]] std::size_t arena(int q) const noexcept {
-    return arena_offset_ + static_cast<std::size_t>(q) * arena_;
-  }
+  [[nodiscard]] std::size_t arena(int q) const noexcept { return arena_offset_ + static_cast<std::size_t>(q) * arena_; }
 
   /// Writes the header of a fresh (zeroed) segment. Called by the rank that created it, before
   /// the others map it.

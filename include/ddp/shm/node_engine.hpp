@@ -73,8 +73,13 @@ class node_engine {
   /// @param single_phase_bytes  allreduce groups up to this size take the single-phase path
   node_engine(std::byte* base, segment_layout layout, int node_rank, std::vector<int> node_ranks, unsigned spins,
               std::size_t single_phase_bytes)
-      : base_(base), layout_(layout), me_(node_rank), size_(layout.node_size()), world_(std::move(node_ranks)),
-        spins_(spins), single_max_(std::min(single_phase_bytes, layout.chunk_bytes())) {}
+      : base_(base),
+        layout_(layout),
+        me_(node_rank),
+        size_(layout.node_size()),
+        world_(std::move(node_ranks)),
+        spins_(spins),
+        single_max_(std::min(single_phase_bytes, layout.chunk_bytes())) {}
 
   [[nodiscard]] int node_rank() const noexcept { return me_; }
   [[nodiscard]] int node_size() const noexcept { return size_; }
@@ -84,8 +89,8 @@ class node_engine {
   /// operation in errors; `deadline` bounds every wait.
   /// @throws timeout_error, communication_error (a peer aborted), mismatch_error (a peer is in
   /// another operation)
-  void run(node_phase phase, const tensor_group& group, std::uint32_t group_index, reduce_op op,
-           std::int64_t divisor, const op_info& info, clock::time_point deadline) {
+  void run(node_phase phase, const tensor_group& group, std::uint32_t group_index, reduce_op op, std::int64_t divisor,
+           const op_info& info, clock::time_point deadline) {
     const std::size_t esz = size_of(group.type);
     const std::size_t chunk_elems = layout_.chunk_bytes() / esz;
     if (phase == node_phase::allreduce && group.total * esz <= single_max_) phase = node_phase::allreduce_single;
@@ -131,7 +136,8 @@ class node_engine {
   void abort(std::uint32_t reason) noexcept {
     auto* h = header();
     std::uint32_t none = 0;
-    if (std::atomic_ref<std::uint32_t>(h->aborted_by).compare_exchange_strong(none, static_cast<std::uint32_t>(me_ + 1))) {
+    if (std::atomic_ref<std::uint32_t>(h->aborted_by)
+            .compare_exchange_strong(none, static_cast<std::uint32_t>(me_ + 1))) {
       std::atomic_ref<std::uint32_t>(h->abort_reason).store(reason, std::memory_order_release);
     }
   }
@@ -160,7 +166,8 @@ class node_engine {
   // lines, so no two reducers write one cache line.
   [[nodiscard]] std::pair<std::size_t, std::size_t> slice(int q, std::size_t n, std::size_t esz) const noexcept {
     const std::size_t line = std::max<std::size_t>(1, 64 / esz);
-    const std::size_t share = round_up((n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_), line);
+    const std::size_t share =
+        round_up((n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_), line);
     const std::size_t a = std::min(n, share * static_cast<std::size_t>(q));
     return {a, std::min(n, a + share)};
   }
@@ -325,8 +332,7 @@ class node_engine {
   }
 
   [[nodiscard]] static std::string describe(const chunk_descriptor& d) {
-    return "allreduce #" + std::to_string(d.op_seq) + " (" +
-           std::string(name_of(static_cast<reduce_op>(d.op))) + ", " +
+    return "allreduce #" + std::to_string(d.op_seq) + " (" + std::string(name_of(static_cast<reduce_op>(d.op))) + ", " +
            std::string(name_of(static_cast<dtype>(d.type))) + " x " + std::to_string(d.total) + ", dtype group " +
            std::to_string(d.group) + ", " + name_of(static_cast<node_phase>(d.phase)) + ", elements " +
            std::to_string(d.first) + "+" + std::to_string(d.count) + ")";

@@ -70,7 +70,8 @@ class posix_segment final : public segment {
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail_and_unlink(fd, name, step::ftruncate, errno);
     // Reserve the pages now: on tmpfs a write to an unreserved page of a full file system is a
     // SIGBUS. File systems that cannot preallocate (EOPNOTSUPP/EINVAL) keep the lazy behaviour.
-    if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
+    if (const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+        rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
       return fail_and_unlink(fd, name, step::fallocate, rc);
     }
     return map(fd, bytes, &name);
@@ -204,11 +205,13 @@ template <communicator C>
     const auto& rec = results[r];
     if (rec.failed == 0) continue;
     const auto s = static_cast<step>(rec.failed);
-    std::string what = "rank " + std::to_string(r) + " could not set up its node's shared memory: " +
-                       posix_segment::name_of(s) + " failed";
-    if (rec.error != 0) what += ": " + std::string(std::strerror(rec.error)) + " (errno " + std::to_string(rec.error) + ")";
+    std::string what = "rank " + std::to_string(r) +
+                       " could not set up its node's shared memory: " + posix_segment::name_of(s) + " failed";
+    if (rec.error != 0)
+      what += ": " + std::string(std::strerror(rec.error)) + " (errno " + std::to_string(rec.error) + ")";
     if (s == step::config_mismatch || s == step::size_mismatch) {
-      throw usage_error(topo.rank, "shm::communicator set-up", what + ": ranks of one node passed different shm::options");
+      throw usage_error(topo.rank, "shm::communicator set-up",
+                        what + ": ranks of one node passed different shm::options");
     }
     if (s == step::fallocate || s == step::ftruncate) {
       what += " while reserving " + std::to_string(bytes) + " bytes (is /dev/shm large enough?)";

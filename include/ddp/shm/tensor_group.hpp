@@ -16,7 +16,7 @@ namespace ddp::shm {
 
 /// Tensors of one dtype reduced as one sequence of elements (a coalesced call's dtype group).
 struct tensor_group {
-  ddp::dtype type = dtype::f32;  ///< dtype of every part
+  ddp::dtype type = dtype::f32;     ///< dtype of every part
   std::vector<tensor_view> parts;   ///< non-empty tensors, in call order
   std::vector<std::size_t> starts;  ///< first element of each part in the sequence
   std::size_t total = 0;            ///< elements of all parts

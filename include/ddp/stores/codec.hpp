@@ -67,9 +67,9 @@ template <std::integral T>
 inline void check_key(std::string_view key, std::string_view operation, bool allow_empty = false) {
   if (key.empty() && !allow_empty) throw usage_error(-1, std::string(operation), "empty key");
   if (key.size() > max_key_bytes) {
-    throw usage_error(-1, std::string(operation), "key of " + std::to_string(key.size()) + " bytes is longer than " +
-                                                      std::to_string(max_key_bytes) + ": '" +
-                                                      std::string(key.substr(0, 40)) + "...'");
+    throw usage_error(-1, std::string(operation),
+                      "key of " + std::to_string(key.size()) + " bytes is longer than " +
+                          std::to_string(max_key_bytes) + ": '" + std::string(key.substr(0, 40)) + "...'");
   }
   for (char c : key) {
     if (!is_key_char(c)) {
@@ -159,9 +159,9 @@ inline void put_u64(std::byte* p, std::uint64_t v) noexcept {
                                                  std::string_view where) {
   const store_value v = decode_frame(raw, key, 8, where);
   if (v.size() != 8) {
-    throw communication_error(-1, "store add '" + std::string(key) + "'",
-                              "malformed counter in " + std::string(where) + ": " + std::to_string(v.size()) +
-                                  " bytes instead of 8");
+    throw communication_error(
+        -1, "store add '" + std::string(key) + "'",
+        "malformed counter in " + std::string(where) + ": " + std::to_string(v.size()) + " bytes instead of 8");
   }
   return static_cast<std::int64_t>(get_u64(v.data()));
 }

@@ -58,8 +58,9 @@ class file_store {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec || !std::filesystem::is_directory(dir_, ec)) {
-      throw communication_error(-1, "file_store", "cannot use directory '" + dir_.string() + "': " +
-                                                      (ec ? ec.message() : std::string("not a directory")));
+      throw communication_error(
+          -1, "file_store",
+          "cannot use directory '" + dir_.string() + "': " + (ec ? ec.message() : std::string("not a directory")));
     }
   }
 
@@ -188,8 +189,7 @@ class file_store {
     if (size > detail::max_frame_bytes(limit)) {
       throw communication_error(-1, "store get '" + std::string(key) + "'",
                                 "malformed value in " + where() + ": " + std::to_string(size) +
-                                    " bytes on disk, more than the limit of " + std::to_string(limit) +
-                                    " plus header");
+                                    " bytes on disk, more than the limit of " + std::to_string(limit) + " plus header");
     }
     std::vector<std::byte> buf(size);
     std::size_t got = 0;
@@ -206,8 +206,8 @@ class file_store {
     return buf;
   }
 
-  void write_atomically(const std::filesystem::path& target, const std::vector<std::byte>& bytes,
-                        std::string_view key, const std::string& op) const {
+  void write_atomically(const std::filesystem::path& target, const std::vector<std::byte>& bytes, std::string_view key,
+                        const std::string& op) const {
     // Unique per process, thread and attempt; O_EXCL catches the improbable collision.
     const auto unique = std::to_string(::getpid()) + "." +
                         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())) + "." +
@@ -247,8 +247,9 @@ class file_store {
     while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) throw os_error(op, "cannot lock counter");
       if (std::chrono::steady_clock::now() >= deadline) {
-        throw timeout_error(-1, op, "counter lock held by another process for more than " +
-                                        std::to_string(opts_.lock_timeout.count()) + " ms (" + where() + ")");
+        throw timeout_error(-1, op,
+                            "counter lock held by another process for more than " +
+                                std::to_string(opts_.lock_timeout.count()) + " ms (" + where() + ")");
       }
       pause.sleep_until_next(deadline);
     }

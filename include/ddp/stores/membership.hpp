@@ -133,9 +133,9 @@ template <store S>
 [[nodiscard]] membership enroll(S& s, std::string_view id, const group_options& opts = {}) {
   detail::check_key(id, "enroll");
   if (opts.min_members < 1 || opts.max_members < opts.min_members) {
-    throw usage_error(-1, "enroll", "need 1 <= min_members <= max_members, got " +
-                                        std::to_string(opts.min_members) + " and " +
-                                        std::to_string(opts.max_members));
+    throw usage_error(-1, "enroll",
+                      "need 1 <= min_members <= max_members, got " + std::to_string(opts.min_members) + " and " +
+                          std::to_string(opts.max_members));
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + opts.timeout;
@@ -145,8 +145,9 @@ template <store S>
   };
   const std::int64_t counted = s.add("members/arrivals", 1);
   if (counted < 1) {  // we just added 1: only a counter someone else wrote garbage to gets here
-    throw communication_error(-1, "enroll", "malformed arrival counter 'members/arrivals' in the store (" +
-                                                std::to_string(counted) + " after counting this arrival)");
+    throw communication_error(-1, "enroll",
+                              "malformed arrival counter 'members/arrivals' in the store (" + std::to_string(counted) +
+                                  " after counting this arrival)");
   }
   const std::int64_t me = counted - 1;
   s.set("members/" + std::to_string(me), as_bytes(id));
@@ -171,9 +172,9 @@ template <store S>
       }
       if (now >= deadline) {
         if (enough) break;
-        throw timeout_error(-1, "enroll", "only " + std::to_string(arrived) + " of at least " +
-                                              std::to_string(opts.min_members) + " members arrived within " +
-                                              std::to_string(opts.timeout.count()) + " ms");
+        throw timeout_error(-1, "enroll",
+                            "only " + std::to_string(arrived) + " of at least " + std::to_string(opts.min_members) +
+                                " members arrived within " + std::to_string(opts.timeout.count()) + " ms");
       }
       pause.sleep_until_next(deadline);
     }
@@ -184,8 +185,7 @@ template <store S>
       std::string arrived_id = to_text(wait_get(s, "members/" + std::to_string(i), left()));
       // Written by another process: it must be an id, or the list would not parse.
       if (!detail::is_valid_key(arrived_id)) {
-        throw communication_error(-1, "enroll",
-                                  "malformed id under 'members/" + std::to_string(i) + "' in the store");
+        throw communication_error(-1, "enroll", "malformed id under 'members/" + std::to_string(i) + "' in the store");
       }
       list.push_back({i, std::move(arrived_id)});
     }
@@ -201,18 +201,18 @@ template <store S>
     if (a.index == me) {
       // The list must name this arrival by the id it published, or it is not this group's list.
       if (a.id != id) {
-        throw communication_error(-1, "enroll", "the member list in the store names arrival " +
-                                                    std::to_string(me) + " '" + a.id + "', but this process is '" +
-                                                    std::string(id) + "'");
+        throw communication_error(-1, "enroll",
+                                  "the member list in the store names arrival " + std::to_string(me) + " '" + a.id +
+                                      "', but this process is '" + std::string(id) + "'");
       }
       m.rank = static_cast<int>(m.members.size());
     }
     m.members.push_back(a.id);
   }
   if (m.rank < 0) {
-    throw communication_error(-1, "enroll", "arrived after the group closed with " +
-                                                std::to_string(m.members.size()) +
-                                                " members; enroll in the next generation");
+    throw communication_error(-1, "enroll",
+                              "arrived after the group closed with " + std::to_string(m.members.size()) +
+                                  " members; enroll in the next generation");
   }
   return m;
 }

@@ -64,8 +64,9 @@ class memory_store {
       for (const auto& k : keys) {
         if (!values_.count(k)) missing.push_back(k);
       }
-      throw timeout_error(-1, "memory_store wait",
-                          "keys not set within " + std::to_string(timeout.count()) + " ms: " + detail::list_keys(missing));
+      throw timeout_error(
+          -1, "memory_store wait",
+          "keys not set within " + std::to_string(timeout.count()) + " ms: " + detail::list_keys(missing));
     }
   }
 
@@ -87,7 +88,8 @@ class memory_store {
       it = values_.erase(it);
       ++n;
     }
-    for (auto it = counters_.lower_bound(std::string(prefix)); it != counters_.end() && it->first.starts_with(prefix);) {
+    for (auto it = counters_.lower_bound(std::string(prefix));
+         it != counters_.end() && it->first.starts_with(prefix);) {
       it = counters_.erase(it);
       ++n;
     }

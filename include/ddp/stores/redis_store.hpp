@@ -64,8 +64,9 @@ inline void expect_reply(const redisReply& r, int type, const std::string& op, c
   if (r.type == REDIS_REPLY_NIL) return std::nullopt;
   expect_reply(r, REDIS_REPLY_STRING, op, where);
   if (r.len > max_frame_bytes(limit)) {
-    throw communication_error(-1, op, "malformed value in " + where + ": " + std::to_string(r.len) +
-                                          " bytes, more than the limit of " + std::to_string(limit) + " plus header");
+    throw communication_error(-1, op,
+                              "malformed value in " + where + ": " + std::to_string(r.len) +
+                                  " bytes, more than the limit of " + std::to_string(limit) + " plus header");
   }
   const auto* p = reinterpret_cast<const std::byte*>(r.str);
   return decode_frame(std::span<const std::byte>(p, r.len), key, limit, where);
@@ -172,11 +173,11 @@ inline void cap_reply_arrays(redisReader& reader) {
 
 /// Where the Redis server is and how long to wait for it.
 struct redis_options {
-  std::string host = "127.0.0.1";  ///< loopback unless an address is given
-  int port = 6379;                                   ///< server port
-  std::chrono::milliseconds connect_timeout{2000};   ///< one connection attempt
-  std::chrono::milliseconds command_timeout{5000};  ///< one command's round trip
-  std::chrono::milliseconds poll_interval{5};       ///< longest sleep between checks in `wait`
+  std::string host = "127.0.0.1";                         ///< loopback unless an address is given
+  int port = 6379;                                        ///< server port
+  std::chrono::milliseconds connect_timeout{2000};        ///< one connection attempt
+  std::chrono::milliseconds command_timeout{5000};        ///< one command's round trip
+  std::chrono::milliseconds poll_interval{5};             ///< longest sleep between checks in `wait`
   std::size_t max_value_bytes = default_max_value_bytes;  ///< larger values are rejected both ways
 };
 
@@ -320,8 +321,8 @@ class redis_store {
     std::lock_guard lk(*m_);
     if (!ctx_) connect(op);
     const sigpipe_guard no_sigpipe;  // hiredis writes with write(2): a dead server must not kill us
-    auto* raw = static_cast<redisReply*>(
-        redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), argl.data()));
+    auto* raw =
+        static_cast<redisReply*>(redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), argl.data()));
     if (raw == nullptr) {
       std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
       if (ctx_->err == REDIS_ERR_OOM) {

@@ -141,7 +141,7 @@ struct allreduce {
       return ddp::detail::store<T>(C{1});
     } else if constexpr (std::numeric_limits<C>::has_infinity) {
       return ddp::detail::store<T>(Op == reduce_op::min ? std::numeric_limits<C>::infinity()
-                                                   : -std::numeric_limits<C>::infinity());
+                                                        : -std::numeric_limits<C>::infinity());
     } else {
       return Op == reduce_op::min ? std::numeric_limits<T>::max() : std::numeric_limits<T>::lowest();
     }
@@ -150,7 +150,8 @@ struct allreduce {
   static void fill_identity(const buffer_group& g) {
     require_host(g, "a joined rank's neutral contribution");
     for (const tensor_view& t : g.tensors) {
-      ddp::detail::visit_dtype(t.type, [&]<class T>(T) { std::fill_n(static_cast<T*>(t.data), t.count, identity<T>()); });
+      ddp::detail::visit_dtype(t.type,
+                               [&]<class T>(T) { std::fill_n(static_cast<T*>(t.data), t.count, identity<T>()); });
     }
   }
 };

@@ -25,8 +25,8 @@ class any {
  public:
   /// Holds a copy of `s`.
   template <class S>
-    requires(!std::same_as<std::remove_cvref_t<S>, any>) && buffer_strategy<S>
-  any(S s)  // NOLINT(google-explicit-constructor): any strategy converts, like std::function
+  requires(!std::same_as<std::remove_cvref_t<S>, any>) &&
+      buffer_strategy<S> any(S s)  // NOLINT(google-explicit-constructor): any strategy converts, like std::function
       : impl_(std::make_shared<const model<S>>(std::move(s))) {}
 
   /// The held strategy's `sync(g)`.
@@ -47,7 +47,9 @@ class any {
   }
 
   /// Same held object (copies of one `any`), or held strategies of the same type that compare equal.
-  friend bool operator==(const any& a, const any& b) { return a.impl_.get() == b.impl_.get() || a.impl_->equals(*b.impl_); }
+  friend bool operator==(const any& a, const any& b) {
+    return a.impl_.get() == b.impl_.get() || a.impl_->equals(*b.impl_);
+  }
   /// Writes `name()`.
   friend std::ostream& operator<<(std::ostream& os, const any& a) { return os << a.name(); }
 

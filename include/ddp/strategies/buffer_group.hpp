@@ -44,9 +44,7 @@ struct buffer_group {
   /// Element type shared by every buffer of the group.
   [[nodiscard]] ddp::dtype type() const noexcept { return tensors.empty() ? dtype::f32 : tensors.front().type; }
   /// Where the group's memory lives.
-  [[nodiscard]] ddp::device where() const noexcept {
-    return tensors.empty() ? device::host() : tensors.front().where;
-  }
+  [[nodiscard]] ddp::device where() const noexcept { return tensors.empty() ? device::host() : tensors.front().where; }
   /// Elements over the whole group.
   [[nodiscard]] std::size_t count() const noexcept {
     std::size_t n = 0;

@@ -30,16 +30,19 @@ namespace ddp {
 /// A type that synchronises a group of buffers; see the file comment for the full contract.
 template <class S>
 concept buffer_strategy = requires(const S& s, const buffer_group& g) {
-                            { s.sync(g) } -> std::same_as<work>;
-                            { s.name() } -> std::convertible_to<std::string>;
-                          } && std::copy_constructible<S> && std::equality_comparable<S>;
+  { s.sync(g) } -> std::same_as<work>;
+  { s.name() } -> std::convertible_to<std::string>;
+}
+&&std::copy_constructible<S>&& std::equality_comparable<S>;
 
 namespace detail {
 
 /// `s.communicates()` if the strategy has it, else true.
 template <buffer_strategy S>
 [[nodiscard]] bool strategy_communicates(const S& s) {
-  if constexpr (requires { { s.communicates() } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { s.communicates() } -> std::convertible_to<bool>;
+                }) {
     return s.communicates();
   } else {
     return true;
@@ -49,7 +52,9 @@ template <buffer_strategy S>
 /// `s.reads_local_data(g)` if the strategy has it, else true.
 template <buffer_strategy S>
 [[nodiscard]] bool strategy_reads_local_data(const S& s, const buffer_group& g) {
-  if constexpr (requires { { s.reads_local_data(g) } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { s.reads_local_data(g) } -> std::convertible_to<bool>;
+                }) {
     return s.reads_local_data(g);
   } else {
     return true;
@@ -59,7 +64,9 @@ template <buffer_strategy S>
 /// `s.writes_local_data(g)` if the strategy has it, else true.
 template <buffer_strategy S>
 [[nodiscard]] bool strategy_writes_local_data(const S& s, const buffer_group& g) {
-  if constexpr (requires { { s.writes_local_data(g) } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { s.writes_local_data(g) } -> std::convertible_to<bool>;
+                }) {
     return s.writes_local_data(g);
   } else {
     return true;

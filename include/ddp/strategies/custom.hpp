@@ -49,19 +49,18 @@ namespace ddp::strategies {
 /// A callable taking the whole group: `f(const buffer_group&) -> work | std::optional<work>`.
 template <class F>
 concept group_callable = std::invocable<F&, const buffer_group&> &&
-                         ddp::detail::is_sync_result<std::invoke_result_t<F&, const buffer_group&>>;
+    ddp::detail::is_sync_result<std::invoke_result_t<F&, const buffer_group&>>;
 
 /// A callable taking the buffers and the communicator:
 /// `f(std::span<const tensor_view>, communicator_ref) -> work | std::optional<work>`.
 template <class F>
-concept buffers_callable =
-    std::invocable<F&, std::span<const tensor_view>, communicator_ref> &&
+concept buffers_callable = std::invocable<F&, std::span<const tensor_view>, communicator_ref> &&
     ddp::detail::is_sync_result<std::invoke_result_t<F&, std::span<const tensor_view>, communicator_ref>>;
 
 /// What `custom` (and `BufferReducer::add` with a callable) accepts.
 template <class F>
 concept custom_callable = std::copy_constructible<std::decay_t<F>> &&
-                          (group_callable<std::decay_t<F>> || buffers_callable<std::decay_t<F>>);
+    (group_callable<std::decay_t<F>> || buffers_callable<std::decay_t<F>>);
 
 /// A user callable as a buffer strategy. See the file comment for its contract.
 template <class F>

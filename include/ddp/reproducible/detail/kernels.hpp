@@ -94,7 +94,8 @@ inline bool visit_floating(dtype t, F&& fn) {
 
 /// Type-erased `add`.
 inline void add(dtype t, void* dst, const void* a, const void* b, std::size_t n) noexcept {
-  visit_floating(t, [&]<class T>(T) { add<T>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n); });
+  visit_floating(
+      t, [&]<class T>(T) { add<T>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n); });
 }
 
 }  // namespace ddp::reproducible::detail

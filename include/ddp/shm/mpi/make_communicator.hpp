@@ -42,7 +42,7 @@ enum class segment_backing : unsigned char {
 
 /// MPI-specific set-up knobs.
 struct setup_options {
-  ::ddp::mpi::options inner{};  ///< options of the wrapped and the leaders' MPI communicators
+  ::ddp::mpi::options inner{};                        ///< options of the wrapped and the leaders' MPI communicators
   segment_backing backing = segment_backing::window;  ///< where the node's segment lives
 
   /// Memberwise.
@@ -146,7 +146,8 @@ inline void check(int code, int rank, const char* call) {
     if (first.kind != INT_MAX) {
       if (problem && kind == first.kind) std::rethrow_exception(problem);
       const std::string what = "rank " + std::to_string(first.rank) + " could not set up its node's shared window";
-      if (first.kind == 0) throw usage_error(rank, "shm::mpi::make_communicator", what + ": ranks passed different options");
+      if (first.kind == 0)
+        throw usage_error(rank, "shm::mpi::make_communicator", what + ": ranks passed different options");
       throw segment_error(rank, "shm::mpi::make_communicator", what);
     }
   }

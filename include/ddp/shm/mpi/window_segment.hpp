@@ -60,8 +60,9 @@ class window_segment final : public segment {
     check(MPI_Barrier(node_comm), rank, "MPI_Barrier");
     if (!enough) {
       throw usage_error(rank, "shm::communicator set-up",
-                        "node rank 0 allocated a window of " + std::to_string(got) + " bytes; this rank's options need " +
-                            std::to_string(bytes + at) + " (ranks of one node passed different shm::options)");
+                        "node rank 0 allocated a window of " + std::to_string(got) +
+                            " bytes; this rank's options need " + std::to_string(bytes + at) +
+                            " (ranks of one node passed different shm::options)");
     }
     if (!aligned) {
       throw segment_error(rank, "shm::communicator set-up",
