@@ -61,11 +61,13 @@
 #include <ddp/timeline.hpp>
 #include <ddp/work.hpp>
 
+/// @cond DDP_INTERNAL
 // static_assert needs a string literal, so the text shared by both add() overloads is a macro.
 #define DDP_BUCKETER_GRADIENT_LVALUE_MESSAGE                                                                   \
   "Bucketer::add: pass the gradient as an lvalue (the object the trainer's autograd writes): the Bucketer "    \
   "keeps a reference to it and re-reads it at every mark_ready, so a temporary would dangle. Temporaries are " \
   "accepted for handle types (ddp::is_tensor_handle_v) and ddp::tensor_view"
+/// @endcond
 
 namespace ddp {
 
