@@ -14,6 +14,9 @@
 ///   - bf16 follows the same order, so a bf16 result never depends on the path it took.
 ///   - The Bucketer folds the multiplication into its copy into the bucket, so averaging costs no
 ///     pass of its own (`average_input::divided`).
+///   - A backend with a pre-multiplied sum (`premul_sum_communicator`: the shared-memory backend
+///     scales each input as it copies it into the node's segment) gets raw values and the factor,
+///     and the division costs no pass at all; the bits are the same.
 ///   - It is PyTorch DDP's order (its reducer multiplies by `1/d` while copying into the bucket),
 ///     so a ddp step and a PyTorch DDP step give the same bits for the same sums; on NCCL the rule
 ///     is `ncclRedOpCreatePreMulSum`.
@@ -69,8 +72,9 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
 
 /// Launches the average over ranks of `tensors`, in place, by the rule above: on completion every
 /// rank holds the same bits. `caller` names the operation in errors ("Bucketer", "BufferReducer::
-/// sync", ...). The values are divided in place before the collective is issued, so a failed
-/// average leaves floating-point tensors divided.
+/// sync", ...). Raw floating-point values go to the backend's pre-multiplied sum when it has one;
+/// otherwise they are divided in place before the collective is issued (a failed average then
+/// leaves them divided).
 /// @throws usage_error if `divisor` < 1, or if a tensor that must be divided on the host (raw
 ///         floating-point values) is in device memory
 [[nodiscard]] inline work allreduce_average(communicator_ref comm, std::span<const tensor_view> tensors, int divisor,
@@ -80,6 +84,11 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
     throw usage_error(comm.rank(), std::string(caller),
                       "an average over " + std::to_string(divisor) + " ranks: the divisor must be at least 1");
   }
+  // Raw floating-point values are scaled by the backend on their way in, when it can.
+  const bool premul = input == average_input::raw && divisor > 1 && comm.has_premul_sum();
+  const auto sum = [&] {
+    return premul ? comm.allreduce_premul_sum(tensors, 1.0 / divisor) : comm.allreduce(tensors, reduce_op::sum);
+  };
   bool any_integer = false;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const tensor_view& t = tensors[i];
@@ -87,7 +96,7 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
       any_integer = true;
       continue;
     }
-    if (input == average_input::divided || divisor == 1 || t.count == 0) continue;
+    if (premul || input == average_input::divided || divisor == 1 || t.count == 0) continue;
     if (!t.where.is_host()) {
       throw usage_error(comm.rank(), std::string(caller),
                         "tensor " + std::to_string(i) + " (" + std::to_string(t.count) + " x " +
@@ -96,7 +105,7 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
     }
     average_divide_in_place(t.type, t.data, t.count, divisor);
   }
-  if (!any_integer || divisor == 1) return comm.allreduce(tensors, reduce_op::sum);
+  if (!any_integer || divisor == 1) return sum();
 
   bool all_integer = true;
   for (const tensor_view& t : tensors) all_integer = all_integer && !average_divides_first(t.type);
@@ -116,7 +125,7 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
     }
     integers.push_back(t);
   }
-  work w = comm.allreduce(tensors, reduce_op::sum);
+  work w = sum();
   w.then([integers = std::move(integers), divisor] {
     for (const tensor_view& t : integers) detail::divide_in_place(t.type, t.data, t.count, divisor);
   });

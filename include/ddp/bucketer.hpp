@@ -18,6 +18,14 @@
 /// into the copy into the bucket (as PyTorch's `mul_out`), which runs during the backward pass;
 /// the bucket then needs only a sum. Zero-copy and integer buckets use the backend's `avg`.
 ///
+/// Backends that stage their input (`stages_input()`: the shared-memory backend copies every
+/// input into the node's segment anyway): with the default hook on the copy path, a bucket is one
+/// coalesced call over the trainer's gradients themselves — no copy into the bucket, none back,
+/// and the division is the backend's pre-multiplied sum, done in its copy in. The averaged values
+/// are then written into the gradients when the bucket's collective completes (during the
+/// backward pass for a synchronous backend), so a gradient must not be written after its
+/// `mark_ready` (it is final, as in PyTorch). `bucketer_options::direct_when_staged` turns it off.
+///
 /// Gradients that move: a gradient registered as an lvalue is re-read at every `mark_ready` of
 /// the copy path (one compare when nothing moved), so a gradient that a framework replaced since
 /// the last step (`zero_grad(set_to_none=true)`) is followed to its new memory, averaged and
@@ -97,6 +105,10 @@ struct bucketer_options {
   /// and ranks must agree on the iteration count (with a Manager, where a replica may start
   /// later, use 0 or 1).
   std::uint32_t straggler_every = 0;
+  /// On a backend that stages its input anyway (`communicator_ref::stages_input()`), hand it the
+  /// gradients directly (see the file comment): taken with the default hook, the copy path, and
+  /// without `find_unused_parameters`; `direct()` says whether it was. false: always copy.
+  bool direct_when_staged = true;
 
   /// Memberwise.
   friend bool operator==(const bucketer_options&, const bucketer_options&) = default;
@@ -279,7 +291,7 @@ class Bucketer {
     // new memory, so a gradient replaced since the last step (set_to_none) is the one averaged.
     // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
     if (!opts_.zero_copy && e.grad_source.rereads()) follow_gradient(i, e, "Bucketer::mark_ready");
-    if (!opts_.zero_copy && e.gradient.count > 0) {
+    if (!opts_.zero_copy && !direct_ && e.gradient.count > 0) {
       // With the default hook, averaging's division is folded into this copy (it runs during the
       // backward pass, off the critical path); the bucket then only needs a sum (ddp/average.hpp).
       if (divides_in_copy()) {
@@ -329,7 +341,7 @@ class Bucketer {
       if (pending_[e.bucket].fetch_sub(1) == 1) launch_ready_locked();
     }
     work used_map = launch_used_map(unmarked);
-    const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters;
+    const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters && !direct_;
     wait_all_locked(called, copy_each, used_map);
     std::vector<std::size_t> lost;  // used elsewhere, but without memory here: thrown after the collectives
     if (opts_.find_unused_parameters) lost = copy_back();
@@ -364,6 +376,9 @@ class Bucketer {
   }
   /// False inside a no-sync scope.
   [[nodiscard]] bool syncing() const noexcept { return !no_sync_; }
+  /// True once `build()` chose the direct path: buckets are coalesced calls over the gradients
+  /// themselves, on a backend that stages its input (see the file comment).
+  [[nodiscard]] bool direct() const noexcept { return direct_; }
 
   // ---- zero-copy access ----------------------------------------------------------------------
 
@@ -482,6 +497,7 @@ class Bucketer {
   struct bucket {
     detail::aligned_buffer storage;
     tensor_view data;
+    std::vector<tensor_view> direct;  // direct mode: the gradients of this bucket, for one launch
     std::size_t gradients = 0;
     work inflight;
     bool launched = false;
@@ -604,6 +620,8 @@ class Bucketer {
     // A lazy build (at the first mark_ready) runs after notify() told this iteration's divisor:
     // installing the layout resets the iteration, but not what the join bookkeeping said.
     const int notified = notified_divisor_;
+    direct_ = opts_.direct_when_staged && default_hook_ && !opts_.zero_copy && !opts_.find_unused_parameters &&
+              comm_.stages_input();
     install_layout(std::move(l), false);
     notified_divisor_ = notified;
     if (opts_.check_layout) check_layout_across_ranks();
@@ -733,7 +751,17 @@ class Bucketer {
     order_token_.collective_issued();  // the JoinContext learns the order of the joinables' collectives
     bucket& bk = buckets_[b];
     grad_bucket gb{b, buckets_.size(), bk.data, comm_, divisor_, shadowing_};
-    if (divides_in_copy()) {
+    if (direct_) {  // the gradients themselves, scaled by the backend on the way in
+      bk.direct.clear();
+      if (shadowing_) {
+        bk.direct.push_back(bk.data);  // zeros, through the same collective as the training ranks'
+      } else {
+        for (const std::size_t i : layout_.buckets[b]) {
+          if (entries_[i].gradient.count > 0) bk.direct.push_back(entries_[i].gradient);
+        }
+      }
+      bk.inflight = allreduce_average(comm_, bk.direct, divisor_, average_input::raw, "Bucketer");
+    } else if (divides_in_copy()) {
       bk.inflight = allreduce_average(comm_, bk.data, divisor_, average_input::divided, "Bucketer");
     } else {
       bk.inflight = hook_(gb);
@@ -1056,6 +1084,7 @@ class Bucketer {
   bucketer_options opts_;
   comm_hook hook_ = hooks::allreduce_average{};
   bool default_hook_ = true;  // lets the copy path fold the averaging into the copy in
+  bool direct_ = false;       // buckets are coalesced calls over the gradients (set by build())
   std::function<void(std::size_t, tensor_view)> on_rebind_;
 
   std::vector<entry> entries_;

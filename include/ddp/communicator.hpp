@@ -18,6 +18,15 @@
 /// Buffers must stay alive and untouched until the returned work completed. A call that breaks
 /// these rules (or names memory the backend cannot reach) throws `usage_error` before anything is
 /// issued; every backend checks them with the same code and messages (backend_contract.hpp).
+///
+/// Optional capabilities (`communicator_ref` reports whether the referenced backend has them):
+/// - `allreduce_premul_sum(tensors, factor)` (`premul_sum_communicator`): a sum in which every
+///   rank's floating-point values are first multiplied by `factor` (rounded once to the dtype's
+///   compute type, the product rounded to the dtype: the averaging rule of average.hpp); integer
+///   tensors are summed as they are. Same bits as scaling in place and then summing, in one pass.
+/// - `stages_input()` (`staging_communicator`): true when the backend copies every input into
+///   memory of its own anyway (shared memory), so a coalesced call over many scattered tensors
+///   costs no more than one over a contiguous buffer. The Bucketer then skips its bucket copy.
 
 #include <concepts>
 #include <cstddef>
@@ -43,6 +52,18 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
   { c.barrier() } -> std::same_as<work>;
   { c.abort() }
   noexcept;
+};
+
+/// A communicator with a pre-multiplied sum (see the file comment).
+template <class C>
+concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<const tensor_view> ts, double factor) {
+  { c.allreduce_premul_sum(ts, factor) } -> std::same_as<work>;
+};
+
+/// A communicator that says whether it stages its inputs (see the file comment).
+template <class C>
+concept staging_communicator = communicator<C> && requires(const C& cc) {
+  { cc.stages_input() } -> std::same_as<bool>;
 };
 
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
@@ -79,6 +100,19 @@ class communicator_ref {
   /// Aborts the referenced communicator: its pending work fails, later calls throw.
   void abort() const noexcept { vt_->abort(obj_); }
 
+  /// True if the referenced backend has `allreduce_premul_sum` (file comment).
+  [[nodiscard]] bool has_premul_sum() const noexcept { return vt_->premul_sum != nullptr; }
+  /// The referenced backend's pre-multiplied sum.
+  /// @throws usage_error if it has none (ask `has_premul_sum()` first)
+  work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) const {
+    if (vt_->premul_sum == nullptr) {
+      throw usage_error(rank(), "allreduce_premul_sum", "this communicator has no pre-multiplied sum");
+    }
+    return vt_->premul_sum(obj_, ts, factor);
+  }
+  /// True if the referenced backend copies every input into its own memory (file comment).
+  [[nodiscard]] bool stages_input() const { return vt_->stages_input != nullptr && vt_->stages_input(obj_); }
+
   /// Single-tensor conveniences over any tensor type.
   template <class T>
   requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op)
@@ -107,7 +141,28 @@ class communicator_ref {
     work (*reduce_scatter)(void*, tensor_view, tensor_view, reduce_op);
     work (*barrier)(void*);
     void (*abort)(void*) noexcept;
+    work (*premul_sum)(void*, std::span<const tensor_view>, double);  // null: no such capability
+    bool (*stages_input)(const void*);                                // null: never stages
   };
+
+  template <class C>
+  static constexpr auto premul_sum_entry() -> work (*)(void*, std::span<const tensor_view>, double) {
+    if constexpr (premul_sum_communicator<C>) {
+      return [](void* o, std::span<const tensor_view> ts, double f) {
+        return static_cast<C*>(o)->allreduce_premul_sum(ts, f);
+      };
+    } else {
+      return nullptr;
+    }
+  }
+  template <class C>
+  static constexpr auto stages_input_entry() -> bool (*)(const void*) {
+    if constexpr (staging_communicator<C>) {
+      return [](const void* o) { return static_cast<const C*>(o)->stages_input(); };
+    } else {
+      return nullptr;
+    }
+  }
 
   template <class C>
   static constexpr vtable table_for = {
@@ -119,6 +174,8 @@ class communicator_ref {
       [](void* o, tensor_view a, tensor_view b, reduce_op op) { return static_cast<C*>(o)->reduce_scatter(a, b, op); },
       [](void* o) { return static_cast<C*>(o)->barrier(); },
       [](void* o) noexcept { static_cast<C*>(o)->abort(); },
+      premul_sum_entry<C>(),
+      stages_input_entry<C>(),
   };
 
   void* obj_;

@@ -1,6 +1,7 @@
 #pragma once
 /// @file mpi.hpp
-/// @brief The MPI backend: `ddp::mpi::environment` and `ddp::mpi::communicator`. Link `ddp::mpi`.
+/// @brief The MPI backend: `ddp::mpi::environment`, `ddp::mpi::communicator`, and `ddp::world(env)`,
+/// the node-aware default communicator (shared memory inside a node, MPI between nodes). Link `ddp::mpi`.
 
 #include <ddp/mpi/communicator.hpp>
 #include <ddp/mpi/datatype.hpp>
@@ -8,3 +9,4 @@
 #include <ddp/mpi/error.hpp>
 #include <ddp/mpi/options.hpp>
 #include <ddp/mpi/thread_level.hpp>
+#include <ddp/world.hpp>

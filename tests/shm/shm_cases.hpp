@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -149,12 +150,60 @@ inline void coalesced_across_chunks(ddp::communicator_ref comm, std::size_t chun
   }
 }
 
+/// The pre-multiplied sum gives the bits of "scale in place, then sum" (the averaging rule's
+/// arithmetic), for every floating dtype at every size class, and in one coalesced call with an
+/// integer tensor (summed as it is) and several tensors per dtype group.
+inline void premul_sum_matches_scale_then_sum(ddp::communicator_ref comm, std::size_t chunk_bytes,
+                                              const std::string& label) {
+  SUITE_EXPECT(comm.has_premul_sum(), label << ": the shared-memory communicator has a pre-multiplied sum");
+  const double factor = 1.0 / comm.size();
+  const std::vector<ddp::dtype> floats{ddp::dtype::f64, ddp::dtype::f32, ddp::dtype::bf16, ddp::dtype::f16};
+  for (ddp::dtype t : floats) {
+    for (std::size_t n : size_classes(comm.size(), chunk_bytes / ddp::size_of(t))) {
+      // Two tensors of t and an i32 tensor in one call.
+      std::vector<suite::buffer> fused, reference;
+      for (ddp::dtype u : {t, ddp::dtype::i32, t}) {
+        fused.emplace_back(u, n + (u == t ? 0 : 5));
+        reference.emplace_back(u, n + (u == t ? 0 : 5));
+      }
+      for (std::size_t k = 0; k < fused.size(); ++k) {
+        for (std::size_t i = 0; i < fused[k].count(); ++i) {
+          fused[k].set(i, value(fused[k].type, comm.rank(), i + 3 * k));
+          reference[k].set(i, value(fused[k].type, comm.rank(), i + 3 * k));
+        }
+        const auto r = reference[k].view();
+        ddp::detail::scale_in_place(r.type, r.data, r.count, factor);
+      }
+      std::vector<ddp::tensor_view> fv, rv;
+      for (auto& b : fused) fv.push_back(b.view());
+      for (auto& b : reference) rv.push_back(b.view());
+      comm.allreduce_premul_sum(fv, factor).wait();
+      comm.allreduce(rv, ddp::reduce_op::sum).wait();
+      const std::string where = label + " premul sum " + std::string(ddp::name_of(t)) + " n=" + std::to_string(n) +
+                                " x 1/" + std::to_string(comm.size());
+      for (std::size_t k = 0; k < fused.size(); ++k) {
+        SUITE_EXPECT(fv[k].bytes() == 0 || std::memcmp(fv[k].data, rv[k].data, fv[k].bytes()) == 0,
+                     where << ", tensor " << k << " (" << ddp::name_of(fv[k].type)
+                           << "): not the bits of scaling in place, then summing");
+        suite::expect_same_bits_everywhere(comm, fused[k], where);
+      }
+      // And it is the average (floating tensors), the sum (the integer one).
+      for (std::size_t i = 0; i < n && i < 64; ++i) {
+        double want = 0;
+        for (int q = 0; q < comm.size(); ++q) want += stored(t, value(t, q, i));
+        suite::expect_close(fused[0].get(i), want / comm.size(), t, where + " is the average");
+      }
+    }
+  }
+}
+
 /// Everything of this file plus the generic suite.
 inline void run_all(ddp::communicator_ref comm, std::size_t chunk_bytes, const std::string& label, int levels = 1) {
   suite::run_all(comm);
   every_dtype_op_and_size(comm, chunk_bytes, label, levels);
   coalesced_across_chunks(comm, chunk_bytes);
   suite::allreduce_coalesced_groups(comm, chunk_bytes + 99);
+  premul_sum_matches_scale_then_sum(comm, chunk_bytes, label);
 }
 
 }  // namespace shm_cases

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -145,18 +146,39 @@ class communicator {
 
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
   /// memory. Complete on return (see the file comment).
-  work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
+  work allreduce(std::span<const tensor_view> tensors, reduce_op op) { return reduce(tensors, op, 1.0); }
+
+  /// In-place sum of `tensors` in which every rank's floating-point values are multiplied by
+  /// `factor` on their way into shared memory (the averaging rule of ddp/average.hpp, with no pass
+  /// of its own); integer tensors are summed as they are. Complete on return.
+  work allreduce_premul_sum(std::span<const tensor_view> tensors, double factor) {
+    return reduce(tensors, reduce_op::sum, factor);
+  }
+
+  /// True: every input is copied into the node's segment anyway (arena tensors excepted), so a
+  /// coalesced call over scattered tensors costs what one over a contiguous buffer does.
+  [[nodiscard]] bool stages_input() const noexcept { return true; }
+
+ private:
+  work reduce(std::span<const tensor_view> tensors, reduce_op op, double factor) {
     live("allreduce");
     std::lock_guard lk(s_->mutex);
     op_info info = contract::check_allreduce(caller(), tensors, op);
+    if (!std::isfinite(factor)) {
+      throw usage_error(rank(), info.describe(), "the pre-multiplication factor is not finite");
+    }
     if (s_->broken.load()) {
       throw usage_error(rank(), info.describe(),
                         "communicator used after abort(), close() or a failed shared-memory collective");
     }
     info.seq = s_->seq++;
-    if (info.count == 0 || size() == 1) return work::ready();
+    if (info.count == 0) return work::ready();
+    if (size() == 1) {
+      for (const tensor_view& t : tensors) ddp::detail::scale_in_place(t.type, t.data, t.count, factor);
+      return work::ready();
+    }
     try {
-      run(tensors, op, info);
+      run(tensors, op, info, factor);
     } catch (const usage_error&) {
       throw;
     } catch (...) {
@@ -167,6 +189,7 @@ class communicator {
     return work::ready();
   }
 
+ public:
   /// Single-tensor convenience over any tensor type.
   template <class T>
   requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
@@ -355,7 +378,7 @@ class communicator {
     return out;
   }
 
-  void run(std::span<const tensor_view> tensors, reduce_op op, const op_info& info) {
+  void run(std::span<const tensor_view> tensors, reduce_op op, const op_info& info, double factor) {
     const clock::time_point deadline = clock::now() + s_->opts.timeout;
     const node_topology& t = s_->topology;
     const auto groups = groups_of(tensors);
@@ -363,16 +386,20 @@ class communicator {
     if (t.nodes == 1) {
       for (std::size_t k = 0; k < groups.size(); ++k) {
         s_->engine->run(node_phase::allreduce, groups[k], static_cast<std::uint32_t>(k), op,
-                        op == reduce_op::avg ? world : 1, info, deadline);
+                        op == reduce_op::avg ? world : 1, info, deadline, factor);
       }
       return;
     }
     // Several nodes: reduce to the leader, leaders allreduce, broadcast from the leader.
     const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
-    if (s_->engine) {
+    if (!s_->engine) {  // alone on its node: nobody stages this rank's input, so scale it here
+      for (const auto& g : groups) {
+        for (const tensor_view& p : g.parts) ddp::detail::scale_in_place(p.type, p.data, p.count, factor);
+      }
+    } else {
       for (std::size_t k = 0; k < groups.size(); ++k) {
         s_->engine->run(node_phase::reduce_to_leader, groups[k], static_cast<std::uint32_t>(k), partial, 1, info,
-                        deadline);
+                        deadline, factor);
       }
     }
     if (t.is_leader()) {

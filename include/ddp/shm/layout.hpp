@@ -39,6 +39,7 @@ struct chunk_descriptor {
   std::uint32_t op = 0;      ///< ddp::reduce_op
   std::uint32_t phase = 0;   ///< node_phase
   std::uint32_t group = 0;   ///< index of the dtype group within the call
+  std::uint64_t scale = 0;   ///< bits of the pre-multiplication factor (0: none)
 };
 
 /// One rank's control record. Counters hold "chunks done + 1" in the node's global chunk

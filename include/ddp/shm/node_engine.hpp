@@ -25,9 +25,15 @@
 /// whole group (arena tensors too: reading them in place would need a second round trip before
 /// they may be overwritten), then each reduces all of it into its own output, in the same rank
 /// order with the same code, so the bits still agree. Latency: one synchronisation instead of two.
+///
+/// A pre-multiplied sum (`scale` != 1, floating dtypes) multiplies every rank's input on its way
+/// into the segment, in the same copy: a rank's own slice is then staged too (never read in place
+/// unscaled), and an arena input is scaled where it is before peers may read it. The products are
+/// rounded to the dtype before the sum, exactly as a scaling pass followed by a sum would do.
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -85,12 +91,14 @@ class node_engine {
   [[nodiscard]] int node_size() const noexcept { return size_; }
   [[nodiscard]] const segment_layout& layout() const noexcept { return layout_; }
 
-  /// Runs `phase` over `group`. `divisor` > 1 divides the result (avg). `info` names the
+  /// Runs `phase` over `group`. `divisor` > 1 divides the result (avg); `scale` != 1 multiplies
+  /// every rank's input first (a pre-multiplied sum; floating dtypes only). `info` names the
   /// operation in errors; `deadline` bounds every wait.
   /// @throws timeout_error, communication_error (a peer aborted), mismatch_error (a peer is in
   /// another operation)
   void run(node_phase phase, const tensor_group& group, std::uint32_t group_index, reduce_op op, std::int64_t divisor,
-           const op_info& info, clock::time_point deadline) {
+           const op_info& info, clock::time_point deadline, double scale = 1.0) {
+    if (!is_floating(group.type) || phase == node_phase::broadcast) scale = 1.0;
     const std::size_t esz = size_of(group.type);
     const std::size_t chunk_elems = layout_.chunk_bytes() / esz;
     if (phase == node_phase::allreduce && group.total * esz <= single_max_) phase = node_phase::allreduce_single;
@@ -99,7 +107,7 @@ class node_engine {
     const bool zero_copy = group.zero_copy_offset.has_value() && phase != node_phase::allreduce_single;
     // A segment a peer gave up on stays unusable, even where this call would not have to wait.
     if (const std::uint32_t by = std::atomic_ref<std::uint32_t>(header()->aborted_by).load(std::memory_order_acquire)) {
-      throw_aborted(by, {info, deadline, next_chunk_});
+      throw_aborted(by, {info, deadline, next_chunk_, scale});
     }
     std::uint64_t last = 0;
     for (std::size_t first = 0; first < group.total; first += chunk_elems) {
@@ -115,7 +123,8 @@ class node_engine {
       d.op = static_cast<std::uint32_t>(op);
       d.phase = static_cast<std::uint32_t>(phase);
       d.group = group_index;
-      wait_ctx ctx{info, deadline, g};
+      d.scale = scale == 1.0 ? 0 : std::bit_cast<std::uint64_t>(scale);
+      wait_ctx ctx{info, deadline, g, scale};
       if (g >= 2) wait_all(&rank_control::copied, g - 1, ctx, "release its staging slot");
       if (phase == node_phase::broadcast) {
         broadcast_chunk(group, d, zero_copy, ctx);
@@ -127,7 +136,7 @@ class node_engine {
     }
     const bool others_read_mine = zero_copy && (phase != node_phase::broadcast || me_ == 0);
     if (others_read_mine && group.total > 0) {
-      wait_all(&rank_control::copied, last + 1, {info, deadline, last}, "finish reading this rank's buffer");
+      wait_all(&rank_control::copied, last + 1, {info, deadline, last, scale}, "finish reading this rank's buffer");
     }
   }
 
@@ -147,6 +156,7 @@ class node_engine {
     const op_info& info;
     clock::time_point deadline;
     std::uint64_t chunk;
+    double scale;  // pre-multiplication of every input (1: none)
   };
 
   [[nodiscard]] segment_header* header() const noexcept { return reinterpret_cast<segment_header*>(base_); }
@@ -178,15 +188,21 @@ class node_engine {
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
     const auto [a, b] = slice(me_, n, esz);
-    // This rank's own slice, read (and written) in its private buffer when it is contiguous there.
+    // This rank's own slice, written in its private buffer when it is contiguous there, and read
+    // there too unless it must be scaled first (then it is staged like the others).
     std::byte* own = zero_copy ? nullptr : group.contiguous(d.first + a, b - a);
+    const bool scaling = ctx.scale != 1.0;
+    std::byte* own_in = scaling ? nullptr : own;
     if (zero_copy) {
       d.offset = *group.zero_copy_offset + d.first * esz;
+      if (scaling) group.scale_in_place(d.first, n, ctx.scale);  // before any peer may read it
     } else {
       d.offset = layout_.slot(me_, parity);
-      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce
+      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce (and this rank's, scaled)
         const auto [qa, qb] = slice(q, n, esz);
-        if (qb > qa && (q != me_ || own == nullptr)) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
+        if (qb > qa && (q != me_ || own_in == nullptr)) {
+          group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz, ctx.scale);
+        }
       }
     }
     mine().desc[parity] = d;
@@ -197,7 +213,7 @@ class node_engine {
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset + a * esz;
+      inputs[q] = q == me_ && own_in != nullptr ? own_in : base_ + dq.offset + a * esz;
     }
     // The result goes to the slot (for the peers) and straight into this rank's output.
     const bool output_here = phase == node_phase::allreduce || me_ == 0;
@@ -227,8 +243,9 @@ class node_engine {
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
     std::byte* own = group.contiguous(0, n);
+    std::byte* own_in = ctx.scale != 1.0 ? nullptr : own;  // scaled input: read the staged copy
     d.offset = layout_.slot(me_, parity);
-    group.copy_out(0, n, base_ + d.offset);
+    group.copy_out(0, n, base_ + d.offset, ctx.scale);
     mine().desc[parity] = d;
     publish(&rank_control::staged, ctx.chunk + 1);
 
@@ -237,7 +254,7 @@ class node_engine {
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset;
+      inputs[q] = q == me_ && own_in != nullptr ? own_in : base_ + dq.offset;
     }
     // Peers read this rank's staged copy, never its tensors: the result goes straight there.
     std::byte* out = own != nullptr ? own : scratch(n * esz);
@@ -322,7 +339,7 @@ class node_engine {
   void check_same(int q, const chunk_descriptor& theirs, const chunk_descriptor& ours, const wait_ctx& ctx) const {
     if (theirs.op_seq == ours.op_seq && theirs.first == ours.first && theirs.count == ours.count &&
         theirs.total == ours.total && theirs.type == ours.type && theirs.op == ours.op && theirs.phase == ours.phase &&
-        theirs.group == ours.group) {
+        theirs.group == ours.group && theirs.scale == ours.scale) {
       return;
     }
     throw mismatch_error(ctx.info.rank, ctx.info.describe(),
@@ -332,7 +349,9 @@ class node_engine {
   }
 
   [[nodiscard]] static std::string describe(const chunk_descriptor& d) {
-    return "allreduce #" + std::to_string(d.op_seq) + " (" + std::string(name_of(static_cast<reduce_op>(d.op))) + ", " +
+    const std::string op = d.scale == 0 ? std::string(name_of(static_cast<reduce_op>(d.op)))
+                                        : "sum of inputs x " + std::to_string(std::bit_cast<double>(d.scale));
+    return "allreduce #" + std::to_string(d.op_seq) + " (" + op + ", " +
            std::string(name_of(static_cast<dtype>(d.type))) + " x " + std::to_string(d.total) + ", dtype group " +
            std::to_string(d.group) + ", " + name_of(static_cast<node_phase>(d.phase)) + ", elements " +
            std::to_string(d.first) + "+" + std::to_string(d.count) + ")";

@@ -17,6 +17,7 @@
 
 #include <ddp/error.hpp>
 #include <ddp/mpi/communicator.hpp>
+#include <ddp/mpi/environment.hpp>
 #include <ddp/mpi/error.hpp>
 #include <ddp/mpi/options.hpp>
 #include <ddp/shm/communicator.hpp>
@@ -80,11 +81,15 @@ inline void check(int code, int rank, const char* call) {
 
 }  // namespace detail
 
-/// Builds the shared-memory communicator over `parent`. Collective over `parent`.
-/// @throws segment_error (every rank) if the node's memory cannot be allocated or mapped
-/// @throws usage_error (every rank) if ranks of a node passed different options; mpi_error if an MPI call fails
-[[nodiscard]] inline mpi_communicator make_communicator(MPI_Comm parent, options opts = {}, setup_options setup = {}) {
-  ::ddp::mpi::communicator inner(parent, setup.inner);  // duplicates parent; throws if MPI is not running
+namespace detail {
+
+// make_communicator's body; `env` (may be null) records the MPI communicators' failures.
+[[nodiscard]] inline mpi_communicator make(const ::ddp::mpi::environment* env, MPI_Comm parent, options opts,
+                                           const setup_options& setup) {
+  const auto mpi_comm = [&](MPI_Comm c) {  // duplicates c; throws if MPI is not running
+    return env ? ::ddp::mpi::communicator(*env, c, setup.inner) : ::ddp::mpi::communicator(c, setup.inner);
+  };
+  ::ddp::mpi::communicator inner = mpi_comm(parent);
   const int rank = inner.rank();
   const int size = inner.size();
 
@@ -156,14 +161,36 @@ inline void check(int code, int rank, const char* call) {
     detail::owned_comm leaders;
     detail::check(MPI_Comm_split(work.get(), t.is_leader() ? 0 : MPI_UNDEFINED, rank, leaders.out()), rank,
                   "MPI_Comm_split");
-    if (t.is_leader()) parts.leaders.emplace(leaders.get(), setup.inner);  // duplicates it
+    if (t.is_leader()) parts.leaders.emplace(mpi_comm(leaders.get()));
   }
   return mpi_communicator(std::move(inner), std::move(opts), std::move(parts));
+}
+
+}  // namespace detail
+
+/// Builds the shared-memory communicator over `parent`. Collective over `parent`.
+/// @throws segment_error (every rank) if the node's memory cannot be allocated or mapped
+/// @throws usage_error (every rank) if ranks of a node passed different options; mpi_error if an MPI call fails
+[[nodiscard]] inline mpi_communicator make_communicator(MPI_Comm parent, options opts = {}, setup_options setup = {}) {
+  return detail::make(nullptr, parent, std::move(opts), setup);
+}
+
+/// As above, with its MPI communicators made with `env` (a failure is recorded there, so that
+/// `env`'s destructor does not block in MPI_Finalize; see `ddp::mpi::environment`).
+[[nodiscard]] inline mpi_communicator make_communicator(const ::ddp::mpi::environment& env, MPI_Comm parent,
+                                                        options opts = {}, setup_options setup = {}) {
+  return detail::make(&env, parent, std::move(opts), setup);
 }
 
 /// `make_communicator(MPI_COMM_WORLD, ...)`.
 [[nodiscard]] inline mpi_communicator world(options opts = {}, setup_options setup = {}) {
   return make_communicator(MPI_COMM_WORLD, std::move(opts), std::move(setup));
+}
+
+/// `make_communicator(env, MPI_COMM_WORLD, ...)`.
+[[nodiscard]] inline mpi_communicator world(const ::ddp::mpi::environment& env, options opts = {},
+                                            setup_options setup = {}) {
+  return make_communicator(env, MPI_COMM_WORLD, std::move(opts), std::move(setup));
 }
 
 }  // namespace mpi
