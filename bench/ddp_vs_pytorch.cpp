@@ -16,8 +16,10 @@
 // The methods mirror bench/pytorch/ddp_worker.py:
 // - sync: a Bucketer<size_capped> with the defaults (25 MiB buckets, 1 MiB small bucket first)
 //   over every parameter of the shapes file; one iteration marks every gradient ready in reverse
-//   registration order, then finalize(). Interleaved with: the same with zero_copy; the same over
-//   ddp's shared-memory allreduce (shm::mpi::world()), and a flat allreduce through it; PyTorch's
+//   registration order, then finalize(), over ddp::mpi::communicator. Interleaved with: the same
+//   with zero_copy; the README's path (the same Bucketer over ddp::world(env): shared memory, the
+//   direct path), and with bucket copies; a flat allreduce through ddp::world(env); one memcpy of
+//   the same bytes; PyTorch's
 //   method mirrored (a zero-filling "backward" with and without mark_ready after each gradient);
 //   one allreduce of a flat buffer of the same bytes through ddp::mpi::communicator; one raw
 //   in-place MPI_Allreduce.
@@ -336,7 +338,7 @@ table summary(const std::string& title, const std::string& model, const results&
 
 // ---- the modes ----------------------------------------------------------------------------------
 
-table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
+table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::communicator& comm, results& r) {
   const auto shapes = read_shapes(a.shapes);
   const int iters = a.iters > 0 ? a.iters : 20;
   model m(shapes);
@@ -356,15 +358,25 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     for (std::size_t i = n; i-- > 0;) in_place.mark_ready(i);
     in_place.finalize();
   };
-  // The same Bucketer and flat allreduce through ddp's shared-memory allreduce (shm::communicator
-  // over the MPI processes): the fastest ddp stack within one node.
-  auto shm = ddp::shm::mpi::world();
+  // The README's path: ddp::world(env) (shared memory inside the node) and a Bucketer with its
+  // defaults, which hands the gradients to the shared-memory allreduce directly (no bucket copies,
+  // averaging in its copy in). And the same communicator with bucket copies, for comparison.
+  auto shm = ddp::world(env);
   ddp::Bucketer<ddp::bucketing::size_capped> over_shm(shm);
   m.register_with(over_shm);
   over_shm.build();
+  if (!over_shm.direct())
+    throw std::runtime_error("the default Bucketer over ddp::world() did not take the direct path");
   auto step_shm = [&] {
     for (std::size_t i = n; i-- > 0;) over_shm.mark_ready(i);
     over_shm.finalize();
+  };
+  ddp::Bucketer<ddp::bucketing::size_capped> shm_copies(shm, {}, {.direct_when_staged = false});
+  m.register_with(shm_copies);
+  shm_copies.build();
+  auto step_shm_copies = [&] {
+    for (std::size_t i = n; i-- > 0;) shm_copies.mark_ready(i);
+    shm_copies.finalize();
   };
   // The PyTorch method, mirrored: a "backward" that writes every gradient (zeros) in reverse
   // registration order, with and without marking each ready as soon as it is written.
@@ -380,6 +392,9 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     grads.finalize();
   };
   std::vector<float> flat(total_elements(shapes), 0.0f);
+  std::vector<float> flat_copy(flat.size(), 1.0f);
+  // The physical limit here: one memcpy of the same bytes (every allreduce reads and writes them).
+  auto copy_once = [&] { std::memcpy(flat_copy.data(), flat.data(), flat.size() * sizeof(float)); };
   auto ddp_flat = [&] { comm.allreduce(flat, ddp::reduce_op::sum).wait(); };
   auto shm_flat = [&] { shm.allreduce(flat, ddp::reduce_op::sum).wait(); };
   auto mpi_flat = [&] {
@@ -389,21 +404,25 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
     timed(step);
     timed(step_in_place);
     timed(step_shm);
+    timed(step_shm_copies);
     timed(shm_flat);
+    timed(copy_once);
     timed(backward_only);
     timed(backward_synced);
     timed(ddp_flat);
     timed(mpi_flat);
   }
-  std::vector<double> bucketer, marking, waiting, zero_copy, shm_bucketer, flat_shm, plain_bw, synced_bw, flat_ddp,
-      flat_mpi;
+  std::vector<double> bucketer, marking, waiting, zero_copy, shm_bucketer, shm_bucketer_copies, flat_shm, memcpy_ms,
+      plain_bw, synced_bw, flat_ddp, flat_mpi;
   for (int i = 0; i < iters; ++i) {
     bucketer.push_back(timed(step));
     marking.push_back(grads.last_step().backward_ms);
     waiting.push_back(grads.last_step().finalize_wait_ms);
     zero_copy.push_back(timed(step_in_place));
     shm_bucketer.push_back(timed(step_shm));
+    shm_bucketer_copies.push_back(timed(step_shm_copies));
     flat_shm.push_back(timed(shm_flat));
+    memcpy_ms.push_back(timed(copy_once));
     plain_bw.push_back(timed(backward_only));
     synced_bw.push_back(timed(backward_synced));
     flat_ddp.push_back(timed(ddp_flat));
@@ -414,7 +433,9 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
   r.add("ddp_bucketer_finalize", waiting);
   r.add("ddp_bucketer_zero_copy", zero_copy);
   r.add("ddp_shm_bucketer", shm_bucketer);
+  r.add("ddp_shm_bucketer_copies", shm_bucketer_copies);
   r.add("ddp_shm_flat_allreduce", flat_shm);
+  r.add("memcpy", memcpy_ms);
   r.add("ddp_plain_backward", plain_bw);
   r.add("ddp_synced_backward", synced_bw);
   r.add("ddp_flat_allreduce", flat_ddp);
@@ -431,8 +452,10 @@ table run_sync(const arguments& a, ddp::mpi::communicator& comm, results& r) {
                   {"ddp_bucketer_marking", "of which: first mark_ready to finalize() (copies in, launches)"},
                   {"ddp_bucketer_finalize", "of which: finalize() waiting for the buckets"},
                   {"ddp_bucketer_zero_copy", "bucketer_options{.zero_copy = true}: no copies in or out"},
-                  {"ddp_shm_bucketer", "the Bucketer over shm::mpi::world() (shared-memory allreduce)"},
-                  {"ddp_shm_flat_allreduce", "one allreduce through shm::mpi::world()"},
+                  {"ddp_shm_bucketer", "README path: Bucketer defaults over ddp::world(env) (direct, no copies)"},
+                  {"ddp_shm_bucketer_copies", "the same with bucket copies (direct_when_staged = false)"},
+                  {"ddp_shm_flat_allreduce", "one allreduce through ddp::world(env)"},
+                  {"memcpy", "one memcpy of the same bytes (the physical limit)"},
                   {"ddp_plain_backward", "zero-fill every gradient, reverse order"},
                   {"ddp_synced_backward", "the same, mark_ready after each fill, then finalize()"},
                   {"ddp_flat_allreduce", "one allreduce through ddp::mpi::communicator"},
@@ -693,7 +716,7 @@ int main(int argc, char** argv) {
     results r;
     table t;
     if (a.mode == "sync") {
-      t = run_sync(a, comm, r);
+      t = run_sync(a, env, comm, r);
     } else if (a.mode == "join") {
       t = run_join(a, comm, r);
     } else if (a.mode == "buffers") {

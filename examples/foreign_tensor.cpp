@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     ddp::mpi::environment env(&argc, &argv);
-    auto comm = ddp::mpi::communicator::world();
+    auto comm = ddp::world(env);  // shared memory inside a node, MPI between nodes
     run(comm);
     return 0;
   } catch (const std::exception& e) {

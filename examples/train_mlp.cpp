@@ -1,6 +1,6 @@
 // Data-parallel training of a small MLP with a hand-written tensor type.
 //
-//   mpiexec -n 2 ./train_mlp            (MPI processes)
+//   mpiexec -n 2 ./train_mlp            (MPI processes; ddp::world(env): shared memory inside a node)
 //   ./train_mlp --threads 2             (the same, as threads of one process: no mpirun needed)
 //   mpiexec -n 2 ./train_mlp --trace DIR (also write a timeline: DIR/trace.<rank>.json, merged
 //                                        into DIR/train_mlp.trace.json; docs/observability.md)
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     ddp::mpi::environment env(&argc, &argv);
-    auto comm = ddp::mpi::communicator::world();
+    auto comm = ddp::world(env);  // shared memory inside a node, MPI between nodes
     train(comm, trace_dir, slow_rank);
     return 0;
   } catch (const std::exception& e) {

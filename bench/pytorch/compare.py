@@ -157,10 +157,14 @@ def build_tables(r, models, cases):
             row("sync", m, "ddp", "Bucketer, matched method (MPI)", Stat(g("ddp_synced_backward"), g("ddp_plain_backward")),
                 "synced - plain zero-fill backward", pt_sync)
             row("sync", m, "ddp", "Bucketer zero-copy (MPI)", Stat(g("ddp_bucketer_zero_copy")), "gradient_as_bucket_view", pt_sync)
-            row("sync", m, "ddp", "Bucketer over shm (MPI procs)", Stat(g("ddp_shm_bucketer")), "shm::mpi::world()", pt_sync)
+            row("sync", m, "ddp", README_PATH, Stat(g("ddp_shm_bucketer")),
+                "Bucketer defaults over ddp::world(env): shared memory, direct (no bucket copies)", pt_sync)
+            row("sync", m, "ddp", "Bucketer over ddp::world, bucket copies", Stat(g("ddp_shm_bucketer_copies")),
+                "direct_when_staged = false", pt_sync)
             row("sync", m, "ddp", "flat allreduce (ddp::mpi)", Stat(g("ddp_flat_allreduce")), "ddp ring", pt_flat)
             row("sync", m, "ddp", "flat allreduce (ddp shm)", Stat(g("ddp_shm_flat_allreduce")), "shared memory", pt_flat)
             row("sync", m, "mpi", "flat allreduce (MPI_Allreduce)", Stat(g("mpi_flat_allreduce")), "Open MPI, in place", pt_flat)
+            row("sync", m, "limit", "memcpy of the same bytes", Stat(g("memcpy")), "one copy: the physical limit here")
     if "join" in cases:
         g = lambda n: r.get("join", "small", n)
         pt_over = Stat(g("pytorch_step_join"), g("pytorch_step_bare"))
@@ -214,15 +218,30 @@ def print_tables(rows, header_lines):
                 print("  ".join("-" * w for w in widths))
 
 
+README_PATH = "Bucketer, README path (ddp::world)"
+
+
 def headline(rows):
     out = []
     for x in rows:
-        if x["table"] == "sync" and x["stack"] == "ddp" and x["measured"] in ("Bucketer (MPI)", "Bucketer over shm (MPI procs)"):
+        if x["table"] == "sync" and x["stack"] == "ddp" and x["measured"] in ("Bucketer (MPI)", README_PATH):
             verdict = "faster" if x["ratio"] == x["ratio"] and x["ratio"] < 1 else "NOT faster"
             out.append("%s: ddp %s %s ms vs PyTorch DDP %s ms: ratio %s (best-iteration ratio %s): ddp %s"
                        % (x["model"], x["measured"], fmt(x["stat"].median), fmt(x["ref"].median), fmt(x["ratio"]),
                           fmt(x["ratio_best"]), verdict))
     return out
+
+
+def headline_ratios(rows, models):
+    """--headline: the README path against PyTorch DDP and against the flat shared-memory allreduce."""
+    get = lambda m, measured: next((x for x in rows if x["table"] == "sync" and x["model"] == m and x["measured"] == measured), None)
+    vs_pytorch, vs_flat = [], []
+    for m in models:
+        readme, flat = get(m, README_PATH), get(m, "flat allreduce (ddp shm)")
+        vs_pytorch.append("%s %s" % (m, fmt(readme["ratio"]) if readme else "nan"))
+        vs_flat.append("%s %s" % (m, fmt(ratio(readme["stat"].median, flat["stat"].median)) if readme and flat else "nan"))
+    return ["README path / flat shared-memory allreduce of the same bytes (target <= 1.25): " + " ".join(vs_flat),
+            "headline ddp/pytorch: " + " ".join(vs_pytorch)]
 
 
 def machine():
@@ -263,7 +282,14 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round: proves it runs (ctest)")
     p.add_argument("--out-dir", help="where raw results go (default: a temporary directory)")
     p.add_argument("--csv", help="write the tables as CSV")
+    p.add_argument("--headline", action="store_true",
+                   help="the README's default path against PyTorch DDP on ResNet-50 and BERT-base gradient shapes "
+                        "(sync case only); the last line is 'headline ddp/pytorch: resnet50 <ratio> bert_base <ratio>'")
     args = p.parse_args(argv)
+    if args.headline:
+        args.cases = "sync"
+        if args.models == p.get_default("models"):
+            args.models = "resnet50,bert_base"
 
     if args.quick:
         args.models = os.path.join(HERE, "tiny_shapes.txt")
@@ -343,6 +369,10 @@ def main(argv=None):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         print("raw samples: %s" % args.out_dir)
+    if args.headline:
+        print("load average at end (1 min): %.2f" % os.getloadavg()[0])
+        for line in headline_ratios(rows, [n for n, _ in models]):
+            print(line)
     return 0
 
 

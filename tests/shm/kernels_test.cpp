@@ -85,3 +85,36 @@ TEST_CASE("shm kernels: reduce_many matches a scalar reduction in rank order", "
     }
   }
 }
+
+TEST_CASE("shm kernels: a pre-multiplied sum gives the bits of scaling every input, then summing", "[shm][kernels]") {
+  const std::vector<ddp::dtype> types{ddp::dtype::f16, ddp::dtype::bf16, ddp::dtype::f32, ddp::dtype::f64,
+                                      ddp::dtype::i32};
+  for (ddp::dtype t : types) {
+    const std::size_t esz = ddp::size_of(t);
+    for (int inputs = 1; inputs <= 5; ++inputs) {
+      const double factor = 1.0 / (inputs + 2);  // not a power of two: every product rounds
+      for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1024}, std::size_t{3001}}) {
+        std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(inputs), std::vector<std::byte>(n * esz));
+        auto scaled = in;
+        for (int q = 0; q < inputs; ++q) {
+          for (std::size_t i = 0; i < n; ++i) {
+            const double v = static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 5) % 11) - 5) +
+                             (ddp::is_floating(t) ? 0.3 * q + 0.01 * static_cast<double>(i % 13) : 0.0);
+            ddp::detail::convert(ddp::dtype::f64, &v, t, in[static_cast<std::size_t>(q)].data() + i * esz, 1);
+          }
+          scaled[static_cast<std::size_t>(q)] = in[static_cast<std::size_t>(q)];
+          ddp::detail::scale_in_place(t, scaled[static_cast<std::size_t>(q)].data(), n, factor);
+        }
+        std::vector<const void*> raw_ptrs, scaled_ptrs;
+        for (auto& v : in) raw_ptrs.push_back(v.data());
+        for (auto& v : scaled) scaled_ptrs.push_back(v.data());
+        std::vector<std::byte> want(n * esz), got(n * esz);
+        k::reduce_many(t, ddp::reduce_op::sum, want.data(), nullptr, scaled_ptrs.data(), inputs, n, 1);
+        k::reduce_many(t, ddp::reduce_op::sum, got.data(), nullptr, raw_ptrs.data(), inputs, n, 1, factor);
+        INFO(ddp::name_of(t) << " inputs=" << inputs << " n=" << n);
+        // Integers ignore the factor (scale_in_place leaves them alone too).
+        REQUIRE(std::memcmp(got.data(), want.data(), want.size()) == 0);
+      }
+    }
+  }
+}

@@ -177,22 +177,61 @@ DDP_SHM_INLINE inline void divide(C* __restrict acc, std::size_t n, std::int64_t
   }
 }
 
+/// out = in * factor, rounded to T (the bits of ddp::detail::scaled_copy: floats multiply in their
+/// own type, f16/bf16 in f32 and round once).
+template <class T>
+DDP_SHM_INLINE inline void scale_block(T* __restrict out, const T* __restrict in, std::size_t n,
+                                       double factor) noexcept {
+  const std::size_t whole = n - n % lanes;
+  if constexpr (is_half_like<T>) {
+    const float f = static_cast<float>(factor);
+    auto* o = reinterpret_cast<std::uint16_t*>(out);
+    const auto* h = reinterpret_cast<const std::uint16_t*>(in);
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      for (std::size_t j = 0; j < lanes; ++j) o[i + j] = from_float<T>(to_float<T>(h[i + j]) * f);
+    }
+    for (std::size_t i = whole; i < n; ++i) o[i] = from_float<T>(to_float<T>(h[i]) * f);
+  } else {
+    const T f = static_cast<T>(factor);
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      for (std::size_t j = 0; j < lanes; ++j) out[i + j] = in[i + j] * f;
+    }
+    for (std::size_t i = whole; i < n; ++i) out[i] = in[i] * f;
+  }
+}
+
 template <class T, reduce_op Op>
 DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in, int k, std::size_t n,
-                                            std::int64_t divisor) noexcept {
+                                            std::int64_t divisor, double factor) noexcept {
   using C = compute_t<T>;
+  constexpr bool floating = std::is_floating_point_v<T> || is_half_like<T>;
   alignas(64) C acc[kernel_block];
   alignas(64) C wide[is_half_like<T> ? kernel_block : 1];
+  alignas(64) unsigned char scaled_bytes[floating ? kernel_block * sizeof(T) : 1];
+  auto* scaled = reinterpret_cast<T*>(scaled_bytes);
+  const bool scaling = floating && factor != 1.0;
   for (std::size_t b = 0; b < n; b += kernel_block) {
     const std::size_t m = std::min(kernel_block, n - b);
+    // Input q of this block; multiplied by `factor` in L1 first when scaling (a pre-multiplied
+    // sum: each product rounded to T, then summed, the bits of scaling in place and summing).
+    const auto input = [&](int q) -> const T* {
+      if constexpr (floating) {
+        if (scaling) {
+          scale_block(scaled, in[q] + b, m, factor);
+          return scaled;
+        }
+      }
+      return in[q] + b;
+    };
     if constexpr (is_half_like<T>) {
-      widen(acc, in[0] + b, m);
+      widen(acc, input(0), m);
       for (int q = 1; q < k; ++q) {
-        widen(wide, in[q] + b, m);
+        widen(wide, input(q), m);
         combine<Op>(acc, wide, m);
       }
-    } else if (k == 1) {
-      std::memcpy(acc, in[0] + b, m * sizeof(T));
+    } else if (k == 1 || scaling) {
+      std::memcpy(acc, input(0), m * sizeof(T));
+      for (int q = 1; q < k; ++q) combine<Op>(acc, input(q), m);
     } else {
       combine2<Op>(acc, in[0] + b, in[1] + b, m);
       for (int q = 2; q < k; ++q) combine<Op>(acc, in[q] + b, m);
@@ -209,8 +248,9 @@ DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in,
 }
 
 template <class T, reduce_op Op>
-void reduce_many_baseline(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
-  reduce_many_body<T, Op>(out, out2, in, k, n, divisor);
+void reduce_many_baseline(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor,
+                          double factor) noexcept {
+  reduce_many_body<T, Op>(out, out2, in, k, n, divisor, factor);
 }
 
 #if DDP_SHM_X86_DISPATCH
@@ -218,8 +258,8 @@ void reduce_many_baseline(T* out, T* out2, const T* const* in, int k, std::size_
 // about 2x faster, f32 about 15% in L2). Chosen at run time, so the library needs no -mavx2.
 template <class T, reduce_op Op>
 [[gnu::target("avx2")]] void reduce_many_avx2(T* out, T* out2, const T* const* in, int k, std::size_t n,
-                                              std::int64_t divisor) noexcept {
-  reduce_many_body<T, Op>(out, out2, in, k, n, divisor);
+                                              std::int64_t divisor, double factor) noexcept {
+  reduce_many_body<T, Op>(out, out2, in, k, n, divisor, factor);
 }
 
 [[nodiscard]] inline bool have_avx2() noexcept {
@@ -229,33 +269,36 @@ template <class T, reduce_op Op>
 #endif
 
 template <class T, reduce_op Op>
-void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor) noexcept {
+void reduce_many_typed(T* out, T* out2, const T* const* in, int k, std::size_t n, std::int64_t divisor,
+                       double factor) noexcept {
 #if DDP_SHM_X86_DISPATCH
   if (have_avx2()) {
-    reduce_many_avx2<T, Op>(out, out2, in, k, n, divisor);
+    reduce_many_avx2<T, Op>(out, out2, in, k, n, divisor, factor);
     return;
   }
 #endif
-  reduce_many_baseline<T, Op>(out, out2, in, k, n, divisor);
+  reduce_many_baseline<T, Op>(out, out2, in, k, n, divisor, factor);
 }
 
 /// out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], left to right, for i < n; then divided by
 /// `divisor` if it exceeds 1 (for `avg`, pass the number of contributing ranks; the sum is the
 /// operator then). `out` may equal any `in[q]`; other overlaps are not allowed. `out2`, if not
-/// null, receives the same bits (written from the block still in L1).
+/// null, receives the same bits (written from the block still in L1). `factor` != 1: every input
+/// is read multiplied by it, each product rounded to the dtype (a pre-multiplied sum; floating
+/// dtypes only, integers ignore it).
 inline void reduce_many(dtype t, reduce_op op, void* out, void* out2, const void* const* in, int k, std::size_t n,
-                        std::int64_t divisor) noexcept {
+                        std::int64_t divisor, double factor = 1.0) noexcept {
   if (n == 0 || k <= 0) return;
   ddp::detail::visit_dtype(t, [&]<class T>(T) {
     auto* o = static_cast<T*>(out);
     auto* o2 = static_cast<T*>(out2);
     const auto* const* i = reinterpret_cast<const T* const*>(in);
     switch (op) {
-      case reduce_op::sum: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, 1); break;
-      case reduce_op::avg: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, divisor); break;
-      case reduce_op::prod: reduce_many_typed<T, reduce_op::prod>(o, o2, i, k, n, 1); break;
-      case reduce_op::min: reduce_many_typed<T, reduce_op::min>(o, o2, i, k, n, 1); break;
-      case reduce_op::max: reduce_many_typed<T, reduce_op::max>(o, o2, i, k, n, 1); break;
+      case reduce_op::sum: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, 1, factor); break;
+      case reduce_op::avg: reduce_many_typed<T, reduce_op::sum>(o, o2, i, k, n, divisor, factor); break;
+      case reduce_op::prod: reduce_many_typed<T, reduce_op::prod>(o, o2, i, k, n, 1, factor); break;
+      case reduce_op::min: reduce_many_typed<T, reduce_op::min>(o, o2, i, k, n, 1, factor); break;
+      case reduce_op::max: reduce_many_typed<T, reduce_op::max>(o, o2, i, k, n, 1, factor); break;
     }
   });
 }

@@ -26,10 +26,10 @@
 /// they may be overwritten), then each reduces all of it into its own output, in the same rank
 /// order with the same code, so the bits still agree. Latency: one synchronisation instead of two.
 ///
-/// A pre-multiplied sum (`scale` != 1, floating dtypes) multiplies every rank's input on its way
-/// into the segment, in the same copy: a rank's own slice is then staged too (never read in place
-/// unscaled), and an arena input is scaled where it is before peers may read it. The products are
-/// rounded to the dtype before the sum, exactly as a scaling pass followed by a sum would do.
+/// A pre-multiplied sum (`scale` != 1, floating dtypes): the reducing rank multiplies every input
+/// as it reads it, a block at a time in L1 (kernels.hpp), so staging, zero-copy and the own slice
+/// read in place work unchanged and no pass over the data is added. Each product is rounded to the
+/// dtype before the sum: the bits of a scaling pass followed by a sum.
 
 #include <algorithm>
 #include <atomic>
@@ -188,21 +188,15 @@ class node_engine {
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
     const auto [a, b] = slice(me_, n, esz);
-    // This rank's own slice, written in its private buffer when it is contiguous there, and read
-    // there too unless it must be scaled first (then it is staged like the others).
+    // This rank's own slice, read (and written) in its private buffer when it is contiguous there.
     std::byte* own = zero_copy ? nullptr : group.contiguous(d.first + a, b - a);
-    const bool scaling = ctx.scale != 1.0;
-    std::byte* own_in = scaling ? nullptr : own;
     if (zero_copy) {
       d.offset = *group.zero_copy_offset + d.first * esz;
-      if (scaling) group.scale_in_place(d.first, n, ctx.scale);  // before any peer may read it
     } else {
       d.offset = layout_.slot(me_, parity);
-      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce (and this rank's, scaled)
+      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce
         const auto [qa, qb] = slice(q, n, esz);
-        if (qb > qa && (q != me_ || own_in == nullptr)) {
-          group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz, ctx.scale);
-        }
+        if (qb > qa && (q != me_ || own == nullptr)) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
       }
     }
     mine().desc[parity] = d;
@@ -213,12 +207,12 @@ class node_engine {
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own_in != nullptr ? own_in : base_ + dq.offset + a * esz;
+      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset + a * esz;
     }
     // The result goes to the slot (for the peers) and straight into this rank's output.
     const bool output_here = phase == node_phase::allreduce || me_ == 0;
     detail::reduce_many(group.type, static_cast<reduce_op>(d.op), base_ + d.offset + a * esz,
-                        output_here ? own : nullptr, inputs, size_, b - a, divisor);
+                        output_here ? own : nullptr, inputs, size_, b - a, divisor, ctx.scale);
     publish(&rank_control::reduced, ctx.chunk + 1);
 
     if (output_here) {
@@ -243,9 +237,8 @@ class node_engine {
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
     std::byte* own = group.contiguous(0, n);
-    std::byte* own_in = ctx.scale != 1.0 ? nullptr : own;  // scaled input: read the staged copy
     d.offset = layout_.slot(me_, parity);
-    group.copy_out(0, n, base_ + d.offset, ctx.scale);
+    group.copy_out(0, n, base_ + d.offset);
     mine().desc[parity] = d;
     publish(&rank_control::staged, ctx.chunk + 1);
 
@@ -254,11 +247,11 @@ class node_engine {
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own_in != nullptr ? own_in : base_ + dq.offset;
+      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset;
     }
     // Peers read this rank's staged copy, never its tensors: the result goes straight there.
     std::byte* out = own != nullptr ? own : scratch(n * esz);
-    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), out, nullptr, inputs, size_, n, divisor);
+    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), out, nullptr, inputs, size_, n, divisor, ctx.scale);
     publish(&rank_control::reduced, ctx.chunk + 1);
     publish(&rank_control::copied, ctx.chunk + 1);
     if (own == nullptr) group.copy_in(0, n, out);

@@ -9,7 +9,6 @@
 #include <optional>
 #include <vector>
 
-#include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/tensor.hpp>
 
@@ -41,17 +40,10 @@ struct tensor_group {
     return at + n <= parts[p].count ? parts[p].byte_data() + at * size_of(type) : nullptr;
   }
 
-  /// Copies elements [first, first + n) of the sequence to `dst`, multiplied by `scale` on the
-  /// way (floating dtypes; the averaging rule's arithmetic, ddp/average.hpp).
-  void copy_out(std::size_t first, std::size_t n, std::byte* dst, double scale = 1.0) const noexcept {
+  /// Copies elements [first, first + n) of the sequence to `dst`.
+  void copy_out(std::size_t first, std::size_t n, std::byte* dst) const noexcept {
     visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t done) {
-      ddp::detail::scaled_copy(type, dst + done * size_of(type), t.byte_data() + at * size_of(type), m, scale);
-    });
-  }
-  /// Multiplies elements [first, first + n) of the sequence by `scale` where they are.
-  void scale_in_place(std::size_t first, std::size_t n, double scale) const noexcept {
-    visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t) {
-      ddp::detail::scale_in_place(type, t.byte_data() + at * size_of(type), m, scale);
+      std::memcpy(dst + done * size_of(type), t.byte_data() + at * size_of(type), m * size_of(type));
     });
   }
   /// Copies `src` into elements [first, first + n) of the sequence.
