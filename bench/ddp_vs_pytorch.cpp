@@ -342,42 +342,34 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
   const auto shapes = read_shapes(a.shapes);
   const int iters = a.iters > 0 ? a.iters : 20;
   model m(shapes);
-  ddp::Bucketer<ddp::bucketing::size_capped> grads(comm);  // defaults: 25 MiB cap, 1 MiB small bucket first
-  m.register_with(grads);
-  grads.build();
   const std::size_t n = shapes.size();
-  auto step = [&] {
-    for (std::size_t i = n; i-- > 0;) grads.mark_ready(i);
-    grads.finalize();
+  using bucketer_type = ddp::Bucketer<ddp::bucketing::size_capped>;
+  // Registers the model's gradients with `b`, builds it, and returns one step: every gradient
+  // marked ready in reverse registration order, then finalize().
+  auto prepare = [&](bucketer_type& b) {
+    m.register_with(b);
+    b.build();
+    return [&b, n] {
+      for (std::size_t i = n; i-- > 0;) b.mark_ready(i);
+      b.finalize();
+    };
   };
+  bucketer_type grads(comm);  // defaults: 25 MiB cap, 1 MiB small bucket first
+  auto step = prepare(grads);
   // Zero-copy (PyTorch's gradient_as_bucket_view): gradients live in the buckets, no copies.
-  ddp::Bucketer<ddp::bucketing::size_capped> in_place(comm, {}, {.zero_copy = true});
-  m.register_with(in_place);
-  in_place.build();
-  auto step_in_place = [&] {
-    for (std::size_t i = n; i-- > 0;) in_place.mark_ready(i);
-    in_place.finalize();
-  };
+  bucketer_type in_place(comm, {}, {.zero_copy = true});
+  auto step_in_place = prepare(in_place);
   // The README's path: ddp::world(env) (shared memory inside the node) and a Bucketer with its
   // defaults, which hands the gradients to the shared-memory allreduce directly (no bucket copies,
-  // averaging in its copy in). And the same communicator with bucket copies, for comparison.
+  // averaging in its kernel). And the same communicator with bucket copies, for comparison.
   auto shm = ddp::world(env);
-  ddp::Bucketer<ddp::bucketing::size_capped> over_shm(shm);
-  m.register_with(over_shm);
-  over_shm.build();
-  if (!over_shm.direct())
+  bucketer_type over_shm(shm);
+  auto step_shm = prepare(over_shm);
+  if (!over_shm.direct()) {
     throw std::runtime_error("the default Bucketer over ddp::world() did not take the direct path");
-  auto step_shm = [&] {
-    for (std::size_t i = n; i-- > 0;) over_shm.mark_ready(i);
-    over_shm.finalize();
-  };
-  ddp::Bucketer<ddp::bucketing::size_capped> shm_copies(shm, {}, {.direct_when_staged = false});
-  m.register_with(shm_copies);
-  shm_copies.build();
-  auto step_shm_copies = [&] {
-    for (std::size_t i = n; i-- > 0;) shm_copies.mark_ready(i);
-    shm_copies.finalize();
-  };
+  }
+  bucketer_type shm_copies(shm, {}, {.direct_when_staged = false});
+  auto step_shm_copies = prepare(shm_copies);
   // The PyTorch method, mirrored: a "backward" that writes every gradient (zeros) in reverse
   // registration order, with and without marking each ready as soon as it is written.
   auto fill = [&](std::size_t i) { std::fill(m.grads[i].begin(), m.grads[i].end(), 0.0f); };

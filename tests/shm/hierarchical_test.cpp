@@ -24,12 +24,7 @@ int world_size() {
   return n;
 }
 
-// First half / second half: {0,1}, {0,0,1}, {0,0,1,1}.
-std::vector<int> halves(int n) {
-  std::vector<int> v(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) v[static_cast<std::size_t>(r)] = r < (n + 1) / 2 ? 0 : 1;
-  return v;
-}
+using shm_cases::halves;
 // Interleaved, with arbitrary labels: {7,3}, {7,3,7}, {7,3,7,3}.
 std::vector<int> interleaved(int n) {
   std::vector<int> v(static_cast<std::size_t>(n));

@@ -18,6 +18,13 @@
 
 namespace shm_cases {
 
+/// Node labels of two simulated nodes, first half / second half: {0,1}, {0,0,1}, {0,0,1,1}.
+inline std::vector<int> halves(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) v[static_cast<std::size_t>(r)] = r < (n + 1) / 2 ? 0 : 1;
+  return v;
+}
+
 /// Size classes for a communicator whose chunk holds `chunk_elems` elements of the widest dtype.
 inline std::vector<std::size_t> size_classes(int ranks, std::size_t chunk_elems) {
   const auto r = static_cast<std::size_t>(ranks);

@@ -50,10 +50,12 @@ void bucketer_direct_matches_copies(ddp::world_communicator& comm, const std::st
   SUITE_EXPECT(direct.layout().size() >= 4, label << ": several buckets (" << direct.layout().size() << ")");
   for (int step = 0; step < 3; ++step) {
     for (std::size_t k = 0; k < fa.size(); ++k) {
-      for (std::size_t i = 0; i < fa[k].size(); ++i) fa[k][i] = fb[k][i] = static_cast<float>(grad_value(r, k, i, step));
+      for (std::size_t i = 0; i < fa[k].size(); ++i)
+        fa[k][i] = fb[k][i] = static_cast<float>(grad_value(r, k, i, step));
     }
     for (std::size_t i = 0; i < da.size(); ++i) da[i] = db[i] = grad_value(r, 3, i, step);
-    for (std::size_t i = 0; i < ha.size(); ++i) ha[i] = hb[i] = ddp::bfloat16(static_cast<float>(grad_value(r, 4, i, step)));
+    for (std::size_t i = 0; i < ha.size(); ++i)
+      ha[i] = hb[i] = ddp::bfloat16(static_cast<float>(grad_value(r, 4, i, step)));
     for (std::size_t k = 5; k-- > 0;) direct.mark_ready(k);
     direct.finalize();
     for (std::size_t k = 5; k-- > 0;) copies.mark_ready(k);
@@ -65,8 +67,8 @@ void bucketer_direct_matches_copies(ddp::world_communicator& comm, const std::st
       for (std::size_t i = 0; i < fa[k].size(); i += 97) {
         double want = 0;
         for (int q = 0; q < n; ++q) want += static_cast<float>(grad_value(q, k, i, step));
-        SUITE_EXPECT(std::abs(fa[k][i] - want / n) <= 1e-6, where << ": f32 gradient " << k << "[" << i << "] = "
-                                                                  << fa[k][i] << ", want " << want / n);
+        SUITE_EXPECT(std::abs(fa[k][i] - want / n) <= 1e-6,
+                     where << ": f32 gradient " << k << "[" << i << "] = " << fa[k][i] << ", want " << want / n);
       }
     }
     SUITE_EXPECT(da == db, where << ": f64 gradient differs from the bucket-copy path");
@@ -75,18 +77,6 @@ void bucketer_direct_matches_copies(ddp::world_communicator& comm, const std::st
     std::memcpy(mine.bytes.data(), fa[0].data(), mine.bytes.size());
     suite::expect_same_bits_everywhere(comm, mine, where + ": f32 gradient 0");
   }
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-std::vector<int> halves(int n) {
-  std::vector<int> v(static_cast<std::size_t>(n));
-  for (int q = 0; q < n; ++q) v[static_cast<std::size_t>(q)] = q < (n + 1) / 2 ? 0 : 1;
-  return v;
 }
 
 }  // namespace
@@ -102,7 +92,9 @@ TEST_CASE("ddp::world: one node, shared memory; the Bucketer's direct path", "[s
 
 TEST_CASE("ddp::world: simulated nodes (leaders over MPI); direct path and pre-multiplied sums", "[shm][world]") {
   ddp::mpi::environment env;
-  auto comm = ddp::world(env, {.chunk_bytes = 4096, .node_of_rank = halves(world_size())});
+  int ranks = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  auto comm = ddp::world(env, {.chunk_bytes = 4096, .node_of_rank = shm_cases::halves(ranks)});
   REQUIRE(comm.topology().nodes == (comm.size() > 1 ? 2 : 1));
   REQUIRE_NOTHROW(bucketer_direct_matches_copies(comm, "two nodes"));
   REQUIRE_NOTHROW(shm_cases::premul_sum_matches_scale_then_sum(comm, 4096, "two nodes"));
