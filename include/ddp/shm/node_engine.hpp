@@ -188,15 +188,15 @@ class node_engine {
     const std::size_t parity = ctx.chunk & 1;
     const std::size_t n = static_cast<std::size_t>(d.count);
     const auto [a, b] = slice(me_, n, esz);
-    // This rank's own slice, read (and written) in its private buffer when it is contiguous there.
-    std::byte* own = zero_copy ? nullptr : group.contiguous(d.first + a, b - a);
+    // This rank's own slice is read (and written) where it is, in its private buffer, a piece per
+    // tensor it spans; only the slices the peers reduce are staged.
     if (zero_copy) {
       d.offset = *group.zero_copy_offset + d.first * esz;
     } else {
       d.offset = layout_.slot(me_, parity);
-      for (int q = 0; q < size_; ++q) {  // only the slices the peers reduce
+      for (int q = 0; q < size_; ++q) {
         const auto [qa, qb] = slice(q, n, esz);
-        if (qb > qa && (q != me_ || own == nullptr)) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
+        if (qb > qa && q != me_) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
       }
     }
     mine().desc[parity] = d;
@@ -207,19 +207,30 @@ class node_engine {
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset + a * esz;
+      inputs[q] = base_ + dq.offset + a * esz;
     }
     // The result goes to the slot (for the peers) and straight into this rank's output.
     const bool output_here = phase == node_phase::allreduce || me_ == 0;
-    detail::reduce_many(group.type, static_cast<reduce_op>(d.op), base_ + d.offset + a * esz,
-                        output_here ? own : nullptr, inputs, size_, b - a, divisor, ctx.scale);
+    const auto op = static_cast<reduce_op>(d.op);
+    if (zero_copy) {
+      detail::reduce_many(group.type, op, base_ + d.offset + a * esz, nullptr, inputs, size_, b - a, divisor,
+                          ctx.scale);
+    } else {
+      group.pieces(d.first + a, b - a, [&](std::byte* own, std::size_t done, std::size_t m) {
+        for (int q = 0; q < size_; ++q) {
+          inputs[q] = q == me_ ? own : base_ + control(q).desc[parity].offset + (a + done) * esz;
+        }
+        detail::reduce_many(group.type, op, base_ + d.offset + (a + done) * esz, output_here ? own : nullptr, inputs,
+                            size_, m, divisor, ctx.scale);
+      });
+    }
     publish(&rank_control::reduced, ctx.chunk + 1);
 
     if (output_here) {
       wait_all(&rank_control::reduced, ctx.chunk + 1, ctx, "reduce its slice");
       for (int q = 0; q < size_; ++q) {
         const auto [qa, qb] = slice(q, n, esz);
-        if (qb == qa || (q == me_ && (zero_copy || own != nullptr))) continue;
+        if (qb == qa || q == me_) continue;  // this rank's slice: written by its reduction
         const std::byte* src = base_ + control(q).desc[parity].offset + qa * esz;
         if (zero_copy) {
           std::memcpy(base_ + d.offset + qa * esz, src, (qb - qa) * esz);

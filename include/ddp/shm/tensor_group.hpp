@@ -53,6 +53,15 @@ struct tensor_group {
     });
   }
 
+  /// fn(address, elements done before, elements) over the pieces of [first, first + n) that lie
+  /// in one part each, in order.
+  template <class F>
+  void pieces(std::size_t first, std::size_t n, F&& fn) const noexcept {
+    visit(first, n, [&](const tensor_view& t, std::size_t at, std::size_t m, std::size_t done) {
+      fn(t.byte_data() + at * size_of(type), done, m);
+    });
+  }
+
  private:
   // fn(part, element offset in the part, elements, elements done before) over the pieces of the range.
   template <class F>
