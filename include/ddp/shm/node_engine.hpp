@@ -216,12 +216,13 @@ class node_engine {
       detail::reduce_many(group.type, op, base_ + d.offset + a * esz, nullptr, inputs, size_, b - a, divisor,
                           ctx.scale);
     } else {
-      group.pieces(d.first + a, b - a, [&](std::byte* own, std::size_t done, std::size_t m) {
+      const std::size_t first = a;  // a structured binding cannot be captured before clang 16
+      group.pieces(d.first + first, b - first, [&](std::byte* own, std::size_t done, std::size_t m) {
         for (int q = 0; q < size_; ++q) {
-          inputs[q] = q == me_ ? own : base_ + control(q).desc[parity].offset + (a + done) * esz;
+          inputs[q] = q == me_ ? own : base_ + control(q).desc[parity].offset + (first + done) * esz;
         }
-        detail::reduce_many(group.type, op, base_ + d.offset + (a + done) * esz, output_here ? own : nullptr, inputs,
-                            size_, m, divisor, ctx.scale);
+        detail::reduce_many(group.type, op, base_ + d.offset + (first + done) * esz, output_here ? own : nullptr,
+                            inputs, size_, m, divisor, ctx.scale);
       });
     }
     publish(&rank_control::reduced, ctx.chunk + 1);
