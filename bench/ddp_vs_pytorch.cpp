@@ -18,8 +18,8 @@
 //   over every parameter of the shapes file; one iteration marks every gradient ready in reverse
 //   registration order, then finalize(), over ddp::mpi::communicator. Interleaved with: the same
 //   with zero_copy; the README's path (the same Bucketer over ddp::world(env): shared memory, the
-//   direct path), and with bucket copies; a flat allreduce through ddp::world(env); one memcpy of
-//   the same bytes; PyTorch's
+//   direct path), and with bucket copies; contiguous gradients (one allocation) over both; a flat
+//   allreduce through ddp::world(env); one memcpy of the same bytes; PyTorch's
 //   method mirrored (a zero-filling "backward" with and without mark_ready after each gradient);
 //   one allreduce of a flat buffer of the same bytes through ddp::mpi::communicator; one raw
 //   in-place MPI_Allreduce.
@@ -370,6 +370,24 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
   }
   bucketer_type shm_copies(shm, {}, {.direct_when_staged = false});
   auto step_shm_copies = prepare(shm_copies);
+  // Contiguous gradients (llm.c's layout): every gradient a view of one allocation, in
+  // registration order; over MPI (each bucket summed in place) and over ddp::world(env) (each
+  // bucket one tensor of the direct call).
+  std::vector<float> block(total_elements(shapes), 0.0f);
+  auto prepare_contiguous = [&](bucketer_type& b) {
+    for (std::size_t i = 0, at = 0; i < n; at += m.grads[i].size(), ++i) {
+      b.add(m.params[i], ddp::tensor_view{block.data() + at, m.grads[i].size(), ddp::dtype::f32, ddp::device::host()});
+    }
+    b.build();
+    return [&b, n] {
+      for (std::size_t i = n; i-- > 0;) b.mark_ready(i);
+      b.finalize();
+    };
+  };
+  bucketer_type contiguous(comm);
+  auto step_contiguous = prepare_contiguous(contiguous);
+  bucketer_type contiguous_shm(shm);
+  auto step_contiguous_shm = prepare_contiguous(contiguous_shm);
   // The PyTorch method, mirrored: a "backward" that writes every gradient (zeros) in reverse
   // registration order, with and without marking each ready as soon as it is written.
   auto fill = [&](std::size_t i) { std::fill(m.grads[i].begin(), m.grads[i].end(), 0.0f); };
@@ -397,6 +415,8 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
     timed(step_in_place);
     timed(step_shm);
     timed(step_shm_copies);
+    timed(step_contiguous);
+    timed(step_contiguous_shm);
     timed(shm_flat);
     timed(copy_once);
     timed(backward_only);
@@ -404,8 +424,8 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
     timed(ddp_flat);
     timed(mpi_flat);
   }
-  std::vector<double> bucketer, marking, waiting, zero_copy, shm_bucketer, shm_bucketer_copies, flat_shm, memcpy_ms,
-      plain_bw, synced_bw, flat_ddp, flat_mpi;
+  std::vector<double> bucketer, marking, waiting, zero_copy, shm_bucketer, shm_bucketer_copies, contiguous_mpi,
+      contiguous_world, flat_shm, memcpy_ms, plain_bw, synced_bw, flat_ddp, flat_mpi;
   for (int i = 0; i < iters; ++i) {
     bucketer.push_back(timed(step));
     marking.push_back(grads.last_step().backward_ms);
@@ -413,6 +433,8 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
     zero_copy.push_back(timed(step_in_place));
     shm_bucketer.push_back(timed(step_shm));
     shm_bucketer_copies.push_back(timed(step_shm_copies));
+    contiguous_mpi.push_back(timed(step_contiguous));
+    contiguous_world.push_back(timed(step_contiguous_shm));
     flat_shm.push_back(timed(shm_flat));
     memcpy_ms.push_back(timed(copy_once));
     plain_bw.push_back(timed(backward_only));
@@ -426,6 +448,8 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
   r.add("ddp_bucketer_zero_copy", zero_copy);
   r.add("ddp_shm_bucketer", shm_bucketer);
   r.add("ddp_shm_bucketer_copies", shm_bucketer_copies);
+  r.add("ddp_contiguous_bucketer", contiguous_mpi);
+  r.add("ddp_contiguous_shm_bucketer", contiguous_world);
   r.add("ddp_shm_flat_allreduce", flat_shm);
   r.add("memcpy", memcpy_ms);
   r.add("ddp_plain_backward", plain_bw);
@@ -436,6 +460,9 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
   r.note("elements", flat.size());
   r.note("bytes", flat.size() * sizeof(float));
   r.note("buckets", grads.layout().size());
+  std::size_t in_place_buckets = 0;
+  for (const auto& b : contiguous.last_step().buckets) in_place_buckets += b.in_place ? 1 : 0;
+  r.note("contiguous_in_place_buckets", in_place_buckets);
   const std::string buckets = std::to_string(grads.layout().size()) + " buckets, size_capped{25 MiB, 1 MiB first}";
   return summary("gradient synchronisation, " + std::to_string(n) + " parameters, " +
                      fixed(static_cast<double>(flat.size() * 4) / (1 << 20), 1) + " MiB",
@@ -446,6 +473,9 @@ table run_sync(const arguments& a, const ddp::mpi::environment& env, ddp::mpi::c
                   {"ddp_bucketer_zero_copy", "bucketer_options{.zero_copy = true}: no copies in or out"},
                   {"ddp_shm_bucketer", "README path: Bucketer defaults over ddp::world(env) (direct, no copies)"},
                   {"ddp_shm_bucketer_copies", "the same with bucket copies (direct_when_staged = false)"},
+                  {"ddp_contiguous_bucketer", "contiguous gradients (one allocation), MPI: " +
+                                                  std::to_string(in_place_buckets) + " buckets summed in place"},
+                  {"ddp_contiguous_shm_bucketer", "contiguous gradients over ddp::world(env): one tensor per bucket"},
                   {"ddp_shm_flat_allreduce", "one allreduce through ddp::world(env)"},
                   {"memcpy", "one memcpy of the same bytes (the physical limit)"},
                   {"ddp_plain_backward", "zero-fill every gradient, reverse order"},

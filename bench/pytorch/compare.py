@@ -161,6 +161,10 @@ def build_tables(r, models, cases):
                 "Bucketer defaults over ddp::world(env): shared memory, direct (no bucket copies)", pt_sync)
             row("sync", m, "ddp", "Bucketer over ddp::world, bucket copies", Stat(g("ddp_shm_bucketer_copies")),
                 "direct_when_staged = false", pt_sync)
+            row("sync", m, "ddp", "Bucketer, contiguous gradients (MPI)", Stat(g("ddp_contiguous_bucketer")),
+                "one allocation; %s buckets summed in place" % info.get("contiguous_in_place_buckets", "?"), pt_sync)
+            row("sync", m, "ddp", "Bucketer, contiguous gradients (ddp::world)", Stat(g("ddp_contiguous_shm_bucketer")),
+                "one allocation; one tensor per bucket, direct", pt_sync)
             row("sync", m, "ddp", "flat allreduce (ddp::mpi)", Stat(g("ddp_flat_allreduce")), "ddp ring", pt_flat)
             row("sync", m, "ddp", "flat allreduce (ddp shm)", Stat(g("ddp_shm_flat_allreduce")), "shared memory", pt_flat)
             row("sync", m, "mpi", "flat allreduce (MPI_Allreduce)", Stat(g("mpi_flat_allreduce")), "Open MPI, in place", pt_flat)

@@ -26,6 +26,17 @@
 /// backward pass for a synchronous backend), so a gradient must not be written after its
 /// `mark_ready` (it is final, as in PyTorch). `bucketer_options::direct_when_staged` turns it off.
 ///
+/// Contiguous gradients (all gradients in one allocation, as llm.c keeps them): when a bucket's
+/// gradients lie back to back in memory in the bucket's order, the bucket *is* that memory. On
+/// the copy path with the default hook, `mark_ready` then divides the gradient in place instead of
+/// copying it into the bucket (the same bits as the copy's division), the bucket's sum runs on the
+/// trainer's memory, and nothing is copied back. The collective is the one the copy path issues
+/// (a sum of the same values at the same offsets), so ranks whose gradients are laid out
+/// differently still agree, bit for bit. Adjacency is checked at `build()` and again at launch: if
+/// a gradient moved since, the bucket's (already divided) gradients are copied in and it works as
+/// usual. On the direct path adjacent gradients are merged into one tensor of the coalesced call.
+/// `bucket_stats::in_place` tells which buckets ran on the trainer's memory.
+///
 /// Gradients that move: a gradient registered as an lvalue is re-read at every `mark_ready` of
 /// the copy path (one compare when nothing moved), so a gradient that a framework replaced since
 /// the last step (`zero_grad(set_to_none=true)`) is followed to its new memory, averaged and
@@ -120,6 +131,9 @@ struct bucket_stats {
   std::size_t gradients = 0;  ///< gradients grouped in the bucket
   double launched_ms = -1;    ///< since the iteration's first mark_ready (-1: never)
   double completed_ms = -1;   ///< when completion was first observed
+  /// The collective ran on the trainer's memory: the bucket's gradients were one block
+  /// (contiguous gradients) or were handed to the backend directly (`Bucketer::direct()`).
+  bool in_place = false;
 };
 
 /// What the last synchronised iteration did: read it to see whether communication is hidden.
@@ -291,7 +305,10 @@ class Bucketer {
     // new memory, so a gradient replaced since the last step (set_to_none) is the one averaged.
     // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
     if (!opts_.zero_copy && e.grad_source.rereads()) follow_gradient(i, e, "Bucketer::mark_ready");
-    if (!opts_.zero_copy && !direct_ && e.gradient.count > 0) {
+    if (buckets_[e.bucket].user_memory) {
+      // Contiguous gradients: the division the copy would fold in, done in place (same bits).
+      if (e.gradient.count > 0) average_divide_in_place(e.gradient.type, e.gradient.data, e.gradient.count, divisor_);
+    } else if (!opts_.zero_copy && !direct_ && e.gradient.count > 0) {
       // With the default hook, averaging's division is folded into this copy (it runs during the
       // backward pass, off the critical path); the bucket then only needs a sum (ddp/average.hpp).
       if (divides_in_copy()) {
@@ -497,7 +514,10 @@ class Bucketer {
   struct bucket {
     detail::aligned_buffer storage;
     tensor_view data;
-    std::vector<tensor_view> direct;  // direct mode: the gradients of this bucket, for one launch
+    std::vector<std::size_t> members;  // its gradients in slot order (ascending index)
+    std::vector<tensor_view> direct;   // direct mode: the gradients of this bucket, for one launch
+    bool user_memory = false;         // its gradients were adjacent at build(): no copies in
+    bool launched_in_place = false;   // this iteration's collective ran on the trainer's memory
     std::size_t gradients = 0;
     work inflight;
     bool launched = false;
@@ -581,10 +601,14 @@ class Bucketer {
     if (grad.count > 0 && grad.data == nullptr) {
       throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " has no data pointer");
     }
-    for (std::size_t j = 0; j < entries_.size(); ++j) {
-      if (grad.count > 0 && entries_[j].gradient.data == grad.data) {
+    for (std::size_t j = 0; j < entries_.size(); ++j) {  // empty gradients own no memory: they may share an address
+      const tensor_view& other = entries_[j].gradient;
+      if (grad.count > 0 && other.count > 0 && grad.byte_data() < other.byte_data() + other.bytes() &&
+          other.byte_data() < grad.byte_data() + grad.bytes()) {
         throw usage_error(comm_.rank(), "Bucketer::add",
-                          "gradient " + std::to_string(i) + " is the same memory as gradient " + std::to_string(j));
+                          "gradient " + std::to_string(i) +
+                              (grad.data == other.data ? " is the same memory as" : " overlaps the memory of") +
+                              " gradient " + std::to_string(j));
       }
     }
     entries_.push_back({param, grad, 0, 0, std::move(param_source), std::move(grad_source)});
@@ -636,8 +660,12 @@ class Bucketer {
     std::vector<bucket> fresh(l.buckets.size());
     std::vector<entry> moved = entries_;
     for (std::size_t b = 0; b < l.buckets.size(); ++b) {
+      // Slots in registration order within the bucket (as PyTorch lays out its bucket views), so a
+      // trainer that allocates its gradients in one block in that order gets contiguous buckets.
+      fresh[b].members = l.buckets[b];
+      std::sort(fresh[b].members.begin(), fresh[b].members.end());
       std::size_t elems = 0;
-      for (std::size_t i : l.buckets[b]) {
+      for (std::size_t i : fresh[b].members) {
         moved[i].bucket = b;
         moved[i].offset = elems;
         elems += entries_[i].gradient.count;
@@ -656,6 +684,12 @@ class Bucketer {
     }
     buckets_ = std::move(fresh);
     entries_ = std::move(moved);
+    // Contiguous gradients need no copies (file comment): the default hook on the copy path, where
+    // the bucket's collective is a sum of divided values whichever memory it runs on.
+    const bool in_place_ok = divides_in_copy() && !direct_ && !opts_.find_unused_parameters;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b].user_memory = in_place_ok && bucket_gradients(b).size() == 1;
+    }
     layout_ = std::move(l);
     fingerprint_ = detail::layout_fingerprint(layout_, infos());
     pending_ = std::make_unique<std::atomic<std::size_t>[]>(buckets_.size());
@@ -756,11 +790,26 @@ class Bucketer {
       if (shadowing_) {
         bk.direct.push_back(bk.data);  // zeros, through the same collective as the training ranks'
       } else {
-        for (const std::size_t i : layout_.buckets[b]) {
-          if (entries_[i].gradient.count > 0) bk.direct.push_back(entries_[i].gradient);
-        }
+        bk.direct = bucket_gradients(b);
       }
       bk.inflight = allreduce_average(comm_, bk.direct, divisor_, average_input::raw, "Bucketer");
+      current_.buckets[b].in_place = !shadowing_;
+    } else if (bk.user_memory && !shadowing_) {
+      // Contiguous gradients, divided in place by mark_ready: sum them where they are if they are
+      // still one block, else copy them in (a gradient moved since build()). Either way the same
+      // collective as the copy path's, over the same values.
+      bk.direct = bucket_gradients(b);
+      if (bk.direct.size() == 1 && bk.direct.front().count == bk.data.count) {
+        bk.launched_in_place = true;
+        current_.buckets[b].in_place = true;
+      } else {
+        for (const std::size_t i : layout_.buckets[b]) {
+          const entry& e = entries_[i];
+          if (e.gradient.count) std::memcpy(slot(e).data, e.gradient.data, e.gradient.bytes());
+        }
+        bk.direct.assign(1, bk.data);
+      }
+      bk.inflight = allreduce_average(comm_, bk.direct, divisor_, average_input::divided, "Bucketer");
     } else if (divides_in_copy()) {
       bk.inflight = allreduce_average(comm_, bk.data, divisor_, average_input::divided, "Bucketer");
     } else {
@@ -911,10 +960,27 @@ class Bucketer {
   }
 
   void copy_back_bucket(std::size_t b) {
+    if (buckets_[b].launched_in_place) return;  // the average is where the gradients are
     for (const std::size_t i : layout_.buckets[b]) {
       const entry& e = entries_[i];
       if (e.gradient.count) std::memcpy(e.gradient.data, slot(e).data, e.gradient.bytes());
     }
+  }
+
+  // Bucket b's non-empty gradients in slot order, adjacent ones merged into one tensor.
+  [[nodiscard]] std::vector<tensor_view> bucket_gradients(std::size_t b) const {
+    std::vector<tensor_view> out;
+    for (const std::size_t i : buckets_[b].members) {
+      const tensor_view& g = entries_[i].gradient;
+      if (g.count == 0) continue;
+      if (!out.empty() && out.back().type == g.type && out.back().where == g.where &&
+          out.back().byte_data() + out.back().bytes() == g.byte_data()) {
+        out.back().count += g.count;
+      } else {
+        out.push_back(g);
+      }
+    }
+    return out;
   }
 
   // True if the copy into the bucket divides by the divisor (default hook, copy path): the
@@ -1059,6 +1125,7 @@ class Bucketer {
       buckets_[b].inflight = work();
       buckets_[b].launched = false;
       buckets_[b].completed = false;
+      buckets_[b].launched_in_place = false;
     }
     next_launch_ = 0;
     next_complete_ = 0;

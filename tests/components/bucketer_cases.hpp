@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -591,6 +593,97 @@ inline void moved_gradients(ddp::communicator_ref comm) {
   }
 }
 
+// Contiguous gradients (issue #14): a trainer that keeps every gradient in one allocation, in
+// registration order (llm.c does), gets buckets that are views of it: no copy in, none back, and
+// the same bits as a trainer with one allocation per gradient. Ranks laid out differently agree,
+// and a gradient moved after build() turns its bucket back into a copying one.
+inline void contiguous_gradients(ddp::communicator_ref comm) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const std::vector<std::size_t> sizes{300, 7, 0, 1000, 45, 260, 1, 900, 64};
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += s;
+  auto value = [](int r, std::size_t g, std::size_t k) {
+    return static_cast<float>((static_cast<std::size_t>(r) * 7 + g * 3 + k) % 13) * 0.37f + 0.1f * static_cast<float>(r);
+  };
+  auto want = [&](std::size_t g, std::size_t k) {  // the rule: each value times 1/n in float, then the sum
+    double sum = 0;
+    for (int r = 0; r < n; ++r) sum += static_cast<double>(value(r, g, k) * (1.0f / static_cast<float>(n)));
+    return sum;
+  };
+  const ddp::bucketing::size_capped policy{.cap_bytes = 2048, .small_bucket_bytes = 512};
+
+  // Reference: one vector per gradient (never contiguous: separate allocations).
+  std::vector<std::vector<float>> separate;
+  for (std::size_t s : sizes) separate.emplace_back(s);
+  ddp::Bucketer ref(comm, policy);
+  for (auto& g : separate) ref.add(g);
+  ref.build();
+
+  // Contiguous on every rank, then only on even ranks (odd ranks give separate vectors).
+  for (const bool every_rank : {true, false}) {
+    const bool mine_flat = every_rank || rank % 2 == 0;
+    std::vector<float> flat(total);
+    std::vector<std::vector<float>> own;
+    std::vector<std::span<float>> grads;  // lvalues: re-read at every mark_ready
+    for (std::size_t g = 0, at = 0; g < sizes.size(); at += sizes[g], ++g) {
+      if (mine_flat) {
+        grads.emplace_back(flat.data() + at, sizes[g]);
+      } else {
+        own.emplace_back(sizes[g]);
+        grads.emplace_back(own.back());
+      }
+    }
+    ddp::Bucketer b(comm, policy);
+    for (auto& g : grads) b.add(g);
+    b.build();
+    SUITE_EXPECT(b.layout().size() >= 3, "expected several buckets, got " << b.layout().size());
+    const std::string where = every_rank ? "contiguous everywhere" : "contiguous on even ranks";
+    for (int step = 0; step < 3; ++step) {
+      // Step 2 on rank 0: gradient 3 moves out of the block, so its bucket copies again.
+      std::vector<float> moved(sizes[3]);
+      if (step == 2 && rank == 0) grads[3] = std::span<float>(moved);  // (307 = where it lived)
+      for (std::size_t g = 0; g < sizes.size(); ++g) {
+        for (std::size_t k = 0; k < sizes[g]; ++k) grads[g][k] = separate[g][k] = value(rank, g, k);
+      }
+      mark_all_shuffled(b, rank, static_cast<unsigned>(step), 2);
+      b.finalize();
+      for (std::size_t i = ref.size(); i-- > 0;) ref.mark_ready(i);
+      ref.finalize();
+      for (std::size_t g = 0; g < sizes.size(); ++g) {
+        for (std::size_t k = 0; k < sizes[g]; ++k) {
+          SUITE_EXPECT(std::abs(grads[g][k] - want(g, k)) < 1e-5,
+                       where << ", step " << step << ": gradient " << g << "[" << k << "] = " << grads[g][k]
+                             << ", want " << want(g, k));
+        }
+        SUITE_EXPECT(sizes[g] == 0 || std::memcmp(grads[g].data(), separate[g].data(), sizes[g] * sizeof(float)) == 0,
+                     where << ", step " << step << ": gradient " << g << " differs in its bits from one allocation per gradient");
+      }
+      std::size_t moved_bucket = 0;
+      for (std::size_t k = 0; k < b.layout().size(); ++k) {
+        const auto& members = b.layout().buckets[k];
+        if (std::find(members.begin(), members.end(), std::size_t{3}) != members.end()) moved_bucket = k;
+      }
+      for (std::size_t k = 0; k < b.layout().size(); ++k) {
+        const bool expect = mine_flat && !b.direct() && !(step == 2 && rank == 0 && k == moved_bucket);
+        SUITE_EXPECT(b.last_step().buckets[k].in_place == (expect || b.direct()),
+                     where << ", step " << step << ": bucket " << k << " in_place = " << b.last_step().buckets[k].in_place
+                           << ", want " << (expect || b.direct()));
+      }
+      if (step == 2 && rank == 0 && mine_flat) grads[3] = std::span<float>(flat.data() + 307, sizes[3]);  // back home
+    }
+  }
+  {  // Overlapping gradients would be averaged twice over: an error naming both. Empty ones may share an address.
+    std::vector<float> block(32);
+    ddp::Bucketer o(comm);
+    o.add(ddp::tensor_view{block.data(), 20, ddp::dtype::f32, ddp::device::host()});
+    o.add(ddp::tensor_view{block.data() + 20, 0, ddp::dtype::f32, ddp::device::host()});
+    o.add(ddp::tensor_view{block.data() + 20, 12, ddp::dtype::f32, ddp::device::host()});
+    expect_usage_error([&] { o.add(ddp::tensor_view{block.data() + 10, 4, ddp::dtype::f32, ddp::device::host()}); },
+                       "gradient 3 overlaps the memory of gradient 0", "overlapping gradients");
+  }
+}
+
 inline void run_all(ddp::communicator_ref comm) {
   average_mixed_dtypes(comm);
   progress_thread_averages(comm);
@@ -601,6 +694,7 @@ inline void run_all(ddp::communicator_ref comm) {
   rebuild_from_ready_order(comm);
   misuse_errors(comm);
   moved_gradients(comm);
+  contiguous_gradients(comm);
 }
 
 }  // namespace bucketer_cases
