@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -104,6 +105,12 @@ class comm_state {
     const auto peers = static_cast<std::size_t>(size_ - 1);
     if (options_.ring_min_bytes > mpi::options::never / peers) return mpi::options::never;
     return options_.ring_min_bytes * peers;
+  }
+  /// Allreduce groups below this many bytes run ddp's recursive doubling (see
+  /// options::recursive_doubling_max_bytes); never above the ring's threshold.
+  [[nodiscard]] std::size_t recursive_doubling_limit() const noexcept {
+    if (size_ < 2) return 0;
+    return std::min({options_.recursive_doubling_max_bytes, ring_threshold(), std::size_t{INT_MAX}});
   }
   /// Thread level in effect: what MPI provides, capped by `options::max_thread_level`.
   [[nodiscard]] thread_level level() const noexcept { return level_; }

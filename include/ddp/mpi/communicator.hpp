@@ -9,9 +9,10 @@
 ///   `wait()`. Buffers must stay alive and untouched until the work completed.
 /// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
 /// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
-///   2+ tensors is copied into one staging buffer and reduced by one collective. Below
-///   `ring_threshold()` a group goes through MPI_Iallreduce, from there through ddp's ring
-///   (see ring_allreduce.hpp for why).
+///   2+ tensors is copied into one staging buffer and reduced by one collective. The algorithm
+///   goes by the group's size: below `options::recursive_doubling_max_bytes` ddp's recursive
+///   doubling, from `ring_threshold()` up ddp's ring, MPI_Iallreduce between (see
+///   recursive_doubling.hpp, ring_allreduce.hpp and docs/allreduce-model.md for why).
 /// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
@@ -274,6 +275,10 @@ class communicator {
     if (region.count == 0) return;
     if (region.bytes() >= s.ring_threshold()) {
       w.add_ring(region, op);
+      return;
+    }
+    if (region.bytes() < s.recursive_doubling_limit()) {
+      w.add_recursive_doubling(region, op);
       return;
     }
     const MPI_Datatype type = s.types().datatype(region.type);

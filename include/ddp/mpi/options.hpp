@@ -34,6 +34,13 @@ struct options {
   /// 2+ ranks); `never`: always MPI_Iallreduce.
   std::size_t ring_min_bytes = std::size_t{4} << 10;
 
+  /// Allreduces below this many bytes (per dtype group, and below the ring's threshold) run ddp's
+  /// recursive doubling (`log2 P` exchanges of the whole message, recursive_doubling.hpp) instead
+  /// of MPI_Iallreduce, whose in-place form is a binomial tree in Open MPI 4.1 (twice the
+  /// latencies). 0: never. The default is where the model's recursive doubling stops beating the
+  /// ring for the latency and summing speed measured here (docs/allreduce-model.md).
+  std::size_t recursive_doubling_max_bytes = std::size_t{4} << 10;
+
   /// Message size of the ring: blocks are sent in segments of this many bytes, and a ring holds
   /// two segments of scratch memory. Clamped to [element size, INT_MAX]. 4 MiB measured best on
   /// 2 ranks from 4 to 16 MiB allreduces (1 MiB segments: 1.1-1.5x slower than MPI_Allreduce).
@@ -59,7 +66,8 @@ struct options {
     } else {
       os << o.ring_min_bytes;
     }
-    return os << ", ring_segment_bytes: " << o.ring_segment_bytes << "}";
+    return os << ", recursive_doubling_max_bytes: " << o.recursive_doubling_max_bytes
+              << ", ring_segment_bytes: " << o.ring_segment_bytes << "}";
   }
 };
 

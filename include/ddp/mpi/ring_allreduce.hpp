@@ -23,13 +23,14 @@
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/error.hpp>
+#include <ddp/mpi/p2p_allreduce.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp::mpi::detail {
 
-class ring_allreduce {
+class ring_allreduce final : public p2p_allreduce {
  public:
   /// Prepares the allreduce of `region` (host memory, reduced in place) over a communicator of
   /// 2+ ranks. Posts nothing yet. `info` names the operation in errors and must outlive this.
@@ -54,14 +55,14 @@ class ring_allreduce {
   }
 
   /// Returns the scratch memory to the communicator (never runs for a leaked ring).
-  ~ring_allreduce() { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
+  ~ring_allreduce() override { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
 
   ring_allreduce(const ring_allreduce&) = delete;
   ring_allreduce& operator=(const ring_allreduce&) = delete;
 
   /// Tests this rank's messages, reduces what arrived and posts the next step's messages.
   /// Returns true once the allreduce completed here. Throws `mpi_error`.
-  bool progress() {
+  bool progress() override {
     while (phase_ != phase::done) {
       if (!posted_) post_step();
       while (recvs_done_ < recvs_.size() && test(recvs_[recvs_done_])) {
@@ -80,14 +81,14 @@ class ring_allreduce {
   }
 
   /// True while MPI may still read or write this object's memory or the region.
-  [[nodiscard]] bool in_flight() const noexcept {
+  [[nodiscard]] bool in_flight() const noexcept override {
     const auto active = [](const std::vector<MPI_Request>& rs) {
       return std::any_of(rs.begin(), rs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
     };
     return active(sends_) || active(recvs_);
   }
 
-  [[nodiscard]] bool done() const noexcept { return phase_ == phase::done; }
+  [[nodiscard]] bool done() const noexcept override { return phase_ == phase::done; }
 
  private:
   enum class phase : unsigned char { reduce_scatter, allgather, done };

@@ -33,6 +33,8 @@
 #include <ddp/error.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/error.hpp>
+#include <ddp/mpi/p2p_allreduce.hpp>
+#include <ddp/mpi/recursive_doubling.hpp>
 #include <ddp/mpi/ring_allreduce.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
@@ -65,6 +67,18 @@ class mpi_work final : public work_state {
   /// `comm_state::streams_per_op` per operation (one per dtype group).
   void add_ring(tensor_view region, reduce_op op) {
     rings_.push_back(std::make_unique<ring_allreduce>(*comm_, info(), region, op, rings_.size()));
+    start_last();
+  }
+
+  /// Adds a recursive-doubling allreduce of `region` (a small message) and posts its first
+  /// messages. Counts against the same `comm_state::streams_per_op` as rings.
+  void add_recursive_doubling(tensor_view region, reduce_op op) {
+    rings_.push_back(std::make_unique<recursive_doubling_allreduce>(*comm_, info(), region, op, rings_.size()));
+    start_last();
+  }
+
+ private:
+  void start_last() {
     try {
       rings_.back()->progress();
     } catch (const communication_error& e) {
@@ -73,6 +87,7 @@ class mpi_work final : public work_state {
     }
   }
 
+ public:
   /// Allocates staging memory owned by this operation (uninitialised).
   std::byte* add_staging(std::size_t bytes) {
     staged_bytes_ += bytes;
@@ -248,7 +263,7 @@ class mpi_work final : public work_state {
   bool timed_out_ = false;
   tensor_view divide_{nullptr, 0, dtype::f32, device::host()};
   std::vector<MPI_Request> more_requests_;  // further dtype groups, or chunks above INT_MAX elements
-  std::vector<std::unique_ptr<ring_allreduce>> rings_;
+  std::vector<std::unique_ptr<p2p_allreduce>> rings_;  // ddp's own algorithms (ring, recursive doubling)
   std::vector<std::unique_ptr<std::byte[]>> staging_;
   std::size_t staged_bytes_ = 0;
   std::vector<tensor_view> more_divides_;
