@@ -29,15 +29,16 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 if [ -n "$compare" ]; then
-  # One line per model: pytorch_ddp ddp_bucketer ddp_zero_copy pytorch_flat ddp_flat (ms).
-  # Columns: model, then the median ms of each bar (see ddp_vs_pytorch.gp); "?" when missing.
+  # One line per model: the median ms of each bar (see ddp_vs_pytorch.gp); "?" when missing.
   awk -F, 'NR > 1 && $1 == "sync" {
       key = $3 "/" $4; v[$2, key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
     function val(m, k) { return ((m, k) in v && v[m, k] != "") ? v[m, k] : "?" }
     END { for (i = 1; i <= n; i++) { m = order[i];
-      printf "%s %s %s %s %s %s %s %s\n", m, val(m, "pytorch/DDP sync (DDP - plain backward)"),
-             val(m, "ddp/Bucketer (MPI)"), val(m, "ddp/Bucketer zero-copy (MPI)"), val(m, "ddp/Bucketer over shm (MPI procs)"),
-             val(m, "pytorch/flat allreduce (gloo)"), val(m, "ddp/flat allreduce (ddp::mpi)"), val(m, "ddp/flat allreduce (ddp shm)") } }' \
+      printf "%s %s %s %s %s %s %s %s %s\n", m, val(m, "pytorch/DDP sync (DDP - plain backward)"),
+             val(m, "ddp/Bucketer, README path (ddp::world)"), val(m, "ddp/Bucketer, contiguous gradients (ddp::world)"),
+             val(m, "ddp/Bucketer (MPI)"), val(m, "ddp/Bucketer zero-copy (MPI)"),
+             val(m, "ddp/Bucketer, contiguous gradients (MPI)"), val(m, "ddp/flat allreduce (ddp shm)"),
+             val(m, "limit/memcpy of the same bytes") } }' \
     "$compare" > "$tmp/sync.dat"
   gnuplot -e "datafile='$tmp/sync.dat'; outfile='$out/ddp_vs_pytorch.png'; subtitle='$subtitle'" "$here/ddp_vs_pytorch.gp"
   echo "wrote $out/ddp_vs_pytorch.png"
