@@ -7,15 +7,17 @@
 //       predicted time of every algorithm and the one the model picks.
 //   mpiexec -n 2..4 allreduce_model_bench measure [--max-bytes 64MiB] [--reps 5] [--csv FILE]
 //       Fits the model's constants here (ping-pong latency and bandwidth between ranks 0 and 1,
-//       the speed of summing floats), then measures, per size: ddp's ring (ddp::mpi with
-//       ring_min_bytes = 0), MPI_Iallreduce (Open MPI 4.1's libnbc: a binomial tree for an
-//       in-place call), MPI_Allreduce (Open MPI's tuned choice) and ddp's shared-memory allreduce
-//       (ddp::world, the hierarchical form on one node), next to the model's prediction for each
-//       (ring, binomial tree, the better of recursive doubling and halving-doubling, hierarchical).
+//       the speed of summing floats and of memcpy), then measures, per size: ddp's recursive
+//       doubling and ddp's ring (ddp::mpi forced to each), MPI_Iallreduce (Open MPI 4.1's libnbc:
+//       a binomial tree for an in-place call), MPI_Allreduce (Open MPI's tuned choice) and ddp's
+//       shared-memory allreduce (ddp::world, the hierarchical form on one node), next to the
+//       model's prediction for each, and which of the three MPI paths ddp::mpi can take was
+//       fastest against the one the model picks.
 //       Times are the median over repetitions of the slowest rank's time per call.
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -170,60 +172,68 @@ int run_measure(const bench::cli& args) {
   const double reduce_us = timed(c, 4, reps, [&] {
                              ddp::detail::reduce_into(ddp::dtype::f32, ddp::reduce_op::sum, acc.data(), in.data(), acc.size());
                            }) * 1e6;
+  std::vector<char> from(big, 1), to(big);
+  const double copy_us = timed(c, 4, reps, [&] { std::memcpy(to.data(), from.data(), big); }) * 1e6;
   ddp::machine_model m;
-  m.ranks_per_node = ranks;  // one node: every flat algorithm runs over shared memory (Open MPI's vader)
+  m.ranks_per_node = ranks;  // one node: every flat algorithm runs over Open MPI's shared memory (vader)
   m.node = {alpha_us, us_per_byte};
   m.network = m.node;
   m.reduce_us_per_byte = reduce_us / static_cast<double>(big);
   m.segment_bytes = ddp::mpi::options{}.ring_segment_bytes;
+  // ddp's shared-memory level copies at memcpy speed, with the one-way latency as its barrier.
+  ddp::machine_model m_shm = m;
+  m_shm.node = {alpha_us, copy_us / static_cast<double>(big)};
+  const std::array<allreduce_algorithm, 3> mpi_paths{allreduce_algorithm::recursive_doubling,
+                                                      allreduce_algorithm::binomial_tree, allreduce_algorithm::ring};
 
   ddp::mpi::options ring_always;
   ring_always.ring_min_bytes = 0;
   auto ring = ddp::mpi::communicator::world(ring_always);
+  auto doubling = ddp::mpi::communicator::world(
+      {.ring_min_bytes = ddp::mpi::options::never, .recursive_doubling_max_bytes = std::size_t{1} << 30});
   auto shm = ddp::world(env);
 
   bench::table t({{"bytes"},
                   {"size"},
-                  {"ddp ring us", 2},
-                  {"model ring", 2},
+                  {"ddp rd us", 2},
+                  {"model rd", 2},
                   {"MPI_Iallreduce us", 2},
                   {"model tree", 2},
+                  {"ddp ring us", 2},
+                  {"model ring", 2},
                   {"MPI_Allreduce us", 2},
-                  {"model rd/hd", 2},
                   {"ddp shm us", 2},
                   {"model hier", 2},
-                  {"measured best"},
-                  {"model's choice"}});
+                  {"fastest of the first three"},
+                  {"model's pick of rd, tree, ring"}});
   for (std::uint64_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
     std::vector<float> buf(bytes / 4, 0.0f);
     const int n = static_cast<int>(buf.size());
     const int iters = static_cast<int>(std::clamp<std::uint64_t>((std::uint64_t{32} << 20) / bytes, 1, 500));
-    const double t_ring = timed(c, iters, reps, [&] { ring.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
+    const double t_rd = timed(c, iters, reps, [&] { doubling.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double t_nb = timed(c, iters, reps, [&] {
                           MPI_Request req = MPI_REQUEST_NULL;
                           MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c, &req);
                           MPI_Wait(&req, MPI_STATUS_IGNORE);
                         }) * 1e6;
+    const double t_ring = timed(c, iters, reps, [&] { ring.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double t_blocking =
         timed(c, iters, reps, [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c); }) * 1e6;
     const double t_shm = timed(c, iters, reps, [&] { shm.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double nb = static_cast<double>(bytes);
-    const double m_ring = ddp::predicted_allreduce_us(allreduce_algorithm::ring, nb, ranks, m);
-    const double m_tree = ddp::predicted_allreduce_us(allreduce_algorithm::binomial_tree, nb, ranks, m);
-    const double m_rdhd = std::min(ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, nb, ranks, m),
-                                   ddp::predicted_allreduce_us(allreduce_algorithm::halving_doubling, nb, ranks, m));
-    const double m_hier = ddp::predicted_allreduce_us(allreduce_algorithm::hierarchical, nb, ranks, m);
-    const double best = std::min({t_ring, t_nb, t_blocking, t_shm});
-    const std::string measured_best = best == t_shm    ? "ddp shm"
-                                      : best == t_ring ? "ddp ring"
-                                      : best == t_nb   ? "MPI_Iallreduce"
-                                                       : "MPI_Allreduce";
-    t.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), t_ring, m_ring, t_nb, m_tree, t_blocking,
-           m_rdhd, t_shm, m_hier, measured_best,
-           std::string(ddp::name_of(ddp::choose_allreduce(nb, ranks, m).algorithm))});
+    const double best = std::min({t_rd, t_nb, t_ring});
+    const std::string measured_best = best == t_rd ? "recursive doubling" : best == t_nb ? "tree" : "ring";
+    t.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), t_rd,
+           ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, nb, ranks, m), t_nb,
+           ddp::predicted_allreduce_us(allreduce_algorithm::binomial_tree, nb, ranks, m), t_ring,
+           ddp::predicted_allreduce_us(allreduce_algorithm::ring, nb, ranks, m), t_blocking, t_shm,
+           ddp::predicted_allreduce_us(allreduce_algorithm::hierarchical, nb, ranks, m_shm), measured_best,
+           std::string(ddp::name_of(ddp::choose_allreduce(nb, ranks, m, mpi_paths).algorithm))});
   }
   if (rank == 0) {
-    std::cout << "# measured vs model, " << ranks << " ranks on one node; fitted: " << describe(m) << "\n";
+    std::cout << "# measured vs model, " << ranks << " ranks on one node; fitted: " << describe(m)
+              << "; the shared-memory level copies at " << fixed(1.0 / m_shm.node.us_per_byte / 1e3, 2)
+              << " GB/s (memcpy)\n";
     t.print(std::cout);
     if (const auto csv = args.csv()) t.write_csv(*csv);
   }

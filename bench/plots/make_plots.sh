@@ -30,16 +30,22 @@ trap 'rm -rf "$tmp"' EXIT
 
 if [ -n "$compare" ]; then
   # One line per model: the median ms of each bar (see ddp_vs_pytorch.gp); "?" when missing.
-  awk -F, 'NR > 1 && $1 == "sync" {
-      key = $3 "/" $4; v[$2, key] = $5; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
-    function val(m, k) { return ((m, k) in v && v[m, k] != "") ? v[m, k] : "?" }
-    END { for (i = 1; i <= n; i++) { m = order[i];
-      printf "%s %s %s %s %s %s %s %s %s\n", m, val(m, "pytorch/DDP sync (DDP - plain backward)"),
-             val(m, "ddp/Bucketer, README path (ddp::world)"), val(m, "ddp/Bucketer, contiguous gradients (ddp::world)"),
-             val(m, "ddp/Bucketer (MPI)"), val(m, "ddp/Bucketer zero-copy (MPI)"),
-             val(m, "ddp/Bucketer, contiguous gradients (MPI)"), val(m, "ddp/flat allreduce (ddp shm)"),
-             val(m, "limit/memcpy of the same bytes") } }' \
-    "$compare" > "$tmp/sync.dat"
+  # The CSV quotes fields with commas, so it is read with Python's csv module.
+  python3 - "$compare" > "$tmp/sync.dat" <<'PY'
+import csv, sys
+bars = ["pytorch/DDP sync (DDP - plain backward)", "ddp/Bucketer, README path (ddp::world)",
+        "ddp/Bucketer, contiguous gradients (ddp::world)", "ddp/Bucketer (MPI)", "ddp/Bucketer zero-copy (MPI)",
+        "ddp/Bucketer, contiguous gradients (MPI)", "ddp/flat allreduce (ddp shm)", "limit/memcpy of the same bytes"]
+values, models = {}, []
+for row in csv.DictReader(open(sys.argv[1])):
+    if row["table"] != "sync":
+        continue
+    if row["model"] not in models:
+        models.append(row["model"])
+    values[row["model"], row["stack"] + "/" + row["measured"]] = row["median_ms"] or "?"
+for m in models:
+    print(m, " ".join(values.get((m, k), "?") for k in bars))
+PY
   gnuplot -e "datafile='$tmp/sync.dat'; outfile='$out/ddp_vs_pytorch.png'; subtitle='$subtitle'" "$here/ddp_vs_pytorch.gp"
   echo "wrote $out/ddp_vs_pytorch.png"
 fi
