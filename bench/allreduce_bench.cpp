@@ -70,7 +70,8 @@ int run(const bench::cli& args) {
     opts.ring_min_bytes = v == "never" ? ddp::mpi::options::never : bench::cli::parse_bytes("--ring-min-bytes", v);
   }
   opts.ring_segment_bytes = args.bytes_or("--ring-segment-bytes", opts.ring_segment_bytes);
-  opts.recursive_doubling_max_bytes = args.bytes_or("--recursive-doubling-max-bytes", opts.recursive_doubling_max_bytes);
+  opts.recursive_doubling_max_bytes =
+      args.bytes_or("--recursive-doubling-max-bytes", opts.recursive_doubling_max_bytes);
 
   auto comm = ddp::mpi::communicator::world(opts);
   MPI_Comm raw = MPI_COMM_NULL;  // the raw variants get their own duplicate, like ddp
@@ -110,8 +111,11 @@ int run(const bench::cli& args) {
     const bool doubling = !ring && bytes < std::min(opts.recursive_doubling_max_bytes, comm.ring_threshold());
     const auto gbs = [&](double sec) { return static_cast<double>(bytes) / sec * bus_factor / 1e9; };
     table.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes),
-               std::string(ring ? "ring" : doubling ? "recursive doubling" : "iallreduce"), std::int64_t{iters}, raw_s * 1e6, nb_s * 1e6, ddp_s * 1e6,
-               ddp_s / raw_s, (ddp_s - raw_s) * 1e6, gbs(raw_s), gbs(ddp_s)});
+               std::string(ring       ? "ring"
+                           : doubling ? "recursive doubling"
+                                      : "iallreduce"),
+               std::int64_t{iters}, raw_s * 1e6, nb_s * 1e6, ddp_s * 1e6, ddp_s / raw_s, (ddp_s - raw_s) * 1e6,
+               gbs(raw_s), gbs(ddp_s)});
     if (bytes > s.max_bytes / s.factor) break;  // no overflow past the largest size
   }
   MPI_Comm_free(&raw);
@@ -128,15 +132,16 @@ int run(const bench::cli& args) {
 
 int main(int argc, char** argv) {
   try {
-    const bench::cli args(argc, argv, "Allreduce latency and bandwidth: ddp::mpi::communicator vs raw MPI.",
-                          {{"--min-bytes", "BYTES", "smallest message (default 4)"},
-                           {"--max-bytes", "BYTES", "largest message (default 256MiB)"},
-                           {"--factor", "N", "size step (default 4)"},
-                           {"--reps", "N", "timed repetitions per size and variant; the median is shown (default 7)"},
-                           {"--budget", "BYTES", "bytes per repetition, sets iterations per size (default 64MiB)"},
-                           {"--ring-min-bytes", "BYTES|never", "ddp option ring_min_bytes"},
-                           {"--ring-segment-bytes", "BYTES", "ddp option ring_segment_bytes"},
-                           {"--recursive-doubling-max-bytes", "BYTES", "ddp option recursive_doubling_max_bytes (0: never)"}});
+    const bench::cli args(
+        argc, argv, "Allreduce latency and bandwidth: ddp::mpi::communicator vs raw MPI.",
+        {{"--min-bytes", "BYTES", "smallest message (default 4)"},
+         {"--max-bytes", "BYTES", "largest message (default 256MiB)"},
+         {"--factor", "N", "size step (default 4)"},
+         {"--reps", "N", "timed repetitions per size and variant; the median is shown (default 7)"},
+         {"--budget", "BYTES", "bytes per repetition, sets iterations per size (default 64MiB)"},
+         {"--ring-min-bytes", "BYTES|never", "ddp option ring_min_bytes"},
+         {"--ring-segment-bytes", "BYTES", "ddp option ring_segment_bytes"},
+         {"--recursive-doubling-max-bytes", "BYTES", "ddp option recursive_doubling_max_bytes (0: never)"}});
     if (args.help_requested()) {
       args.print_help(std::cout);
       return 0;

@@ -136,15 +136,16 @@ double one_way(MPI_Comm c, std::size_t bytes, int iters, int reps) {
   MPI_Comm_rank(c, &rank);
   std::vector<char> buf(std::max<std::size_t>(bytes, 1));
   const int n = static_cast<int>(bytes);
-  return timed(c, iters, reps, [&] {
-           if (rank == 0) {
-             MPI_Send(buf.data(), n, MPI_CHAR, 1, 7, c);
-             MPI_Recv(buf.data(), n, MPI_CHAR, 1, 7, c, MPI_STATUS_IGNORE);
-           } else if (rank == 1) {
-             MPI_Recv(buf.data(), n, MPI_CHAR, 0, 7, c, MPI_STATUS_IGNORE);
-             MPI_Send(buf.data(), n, MPI_CHAR, 0, 7, c);
-           }
-         }) /
+  return timed(c, iters, reps,
+               [&] {
+                 if (rank == 0) {
+                   MPI_Send(buf.data(), n, MPI_CHAR, 1, 7, c);
+                   MPI_Recv(buf.data(), n, MPI_CHAR, 1, 7, c, MPI_STATUS_IGNORE);
+                 } else if (rank == 1) {
+                   MPI_Recv(buf.data(), n, MPI_CHAR, 0, 7, c, MPI_STATUS_IGNORE);
+                   MPI_Send(buf.data(), n, MPI_CHAR, 0, 7, c);
+                 }
+               }) /
          2;
 }
 
@@ -169,9 +170,11 @@ int run_measure(const bench::cli& args) {
   const double big_us = one_way(c, big, 4, reps) * 1e6;
   const double us_per_byte = std::max(1e-9, (big_us - alpha_us) / static_cast<double>(big));
   std::vector<float> acc(big / 4, 0.0f), in(big / 4, 0.0f);
-  const double reduce_us = timed(c, 4, reps, [&] {
-                             ddp::detail::reduce_into(ddp::dtype::f32, ddp::reduce_op::sum, acc.data(), in.data(), acc.size());
-                           }) * 1e6;
+  const double reduce_us =
+      timed(
+          c, 4, reps,
+          [&] { ddp::detail::reduce_into(ddp::dtype::f32, ddp::reduce_op::sum, acc.data(), in.data(), acc.size()); }) *
+      1e6;
   std::vector<char> from(big, 1), to(big);
   const double copy_us = timed(c, 4, reps, [&] { std::memcpy(to.data(), from.data(), big); }) * 1e6;
   ddp::machine_model m;
@@ -184,7 +187,7 @@ int run_measure(const bench::cli& args) {
   ddp::machine_model m_shm = m;
   m_shm.node = {alpha_us, copy_us / static_cast<double>(big)};
   const std::array<allreduce_algorithm, 3> mpi_paths{allreduce_algorithm::recursive_doubling,
-                                                      allreduce_algorithm::binomial_tree, allreduce_algorithm::ring};
+                                                     allreduce_algorithm::binomial_tree, allreduce_algorithm::ring};
 
   ddp::mpi::options ring_always;
   ring_always.ring_min_bytes = 0;
@@ -211,11 +214,13 @@ int run_measure(const bench::cli& args) {
     const int n = static_cast<int>(buf.size());
     const int iters = static_cast<int>(std::clamp<std::uint64_t>((std::uint64_t{32} << 20) / bytes, 1, 500));
     const double t_rd = timed(c, iters, reps, [&] { doubling.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
-    const double t_nb = timed(c, iters, reps, [&] {
-                          MPI_Request req = MPI_REQUEST_NULL;
-                          MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c, &req);
-                          MPI_Wait(&req, MPI_STATUS_IGNORE);
-                        }) * 1e6;
+    const double t_nb = timed(c, iters, reps,
+                              [&] {
+                                MPI_Request req = MPI_REQUEST_NULL;
+                                MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c, &req);
+                                MPI_Wait(&req, MPI_STATUS_IGNORE);
+                              }) *
+                        1e6;
     const double t_ring = timed(c, iters, reps, [&] { ring.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double t_blocking =
         timed(c, iters, reps, [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c); }) * 1e6;

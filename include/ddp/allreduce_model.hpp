@@ -13,15 +13,15 @@
 /// | halving-doubling (Rabenseifner) | `2 log2(P) alpha + 2 (P-1)/P n beta + (P-1)/P n gamma` + fold |
 /// | ring | `2 (p-1) alpha_s + 2 (p-1)/p n beta + (p-1)/p n gamma`, `alpha_s` per segment message |
 /// | binomial tree (reduce, then broadcast) | `2 lg (alpha + n beta) + lg n gamma` |
-/// | hierarchical | node: `2 alpha_node + 2 n beta_node + (q-1)/q n gamma`, then the best flat algorithm over the `p/q` node leaders on the network, then node: `alpha_node + n beta_node` |
+/// | hierarchical | `2 a_n + 2 n b_n + (q-1)/q n gamma` + best flat over `p/q` leaders + `a_n + n b_n` |
 ///
 /// The fold for a rank count that is not a power of two: the `p - P` extra ranks first send their
 /// data to a partner (`alpha + n beta + n gamma`) and get the result back at the end
 /// (`alpha + n beta`). The ring sends each of its `2 (p-1)` steps in segments of at most
 /// `segment_bytes`, each a message (`alpha`) of its own. The hierarchical form is ddp's
-/// `shm::communicator` over a network backend: every rank of a node copies its input into the
-/// node's shared memory, reduces `1/q` of it, the leaders allreduce the node's sum, and every rank
-/// copies the result out (`q` ranks per node).
+/// `shm::communicator` over a network backend (`a_n`, `b_n`: the node's shared-memory link):
+/// every rank of a node copies its input into the node's shared memory, reduces `1/q` of it, the
+/// leaders allreduce the node's sum, and every rank copies the result out (`q` ranks per node).
 ///
 /// Which link: a job that fits in one node (`p <= q`) runs every flat algorithm over the node's
 /// shared memory (`machine_model::node`). Past one node, flat algorithms run over the network, and
@@ -83,10 +83,10 @@ struct link_cost {
 
 /// The machine the model plans for.
 struct machine_model {
-  link_cost network = link_cost::of(5.0, 12.5);   ///< between nodes (default: 100 Gb/s, 5 us)
-  link_cost node = link_cost::of(0.5, 10.0);      ///< shared memory inside a node (copies)
-  double reduce_us_per_byte = 1.0 / (8.0 * 1e3);  ///< gamma: summing one byte (default 8 GB/s)
-  int ranks_per_node = 8;                         ///< `q` of the hierarchical form
+  link_cost network = link_cost::of(5.0, 12.5);      ///< between nodes (default: 100 Gb/s, 5 us)
+  link_cost node = link_cost::of(0.5, 10.0);         ///< shared memory inside a node (copies)
+  double reduce_us_per_byte = 1.0 / (8.0 * 1e3);     ///< gamma: summing one byte (default 8 GB/s)
+  int ranks_per_node = 8;                            ///< `q` of the hierarchical form
   std::size_t segment_bytes = std::size_t{4} << 20;  ///< the ring's message size (ddp's MPI ring)
 };
 
@@ -111,13 +111,13 @@ namespace detail {
   const double P = pow2;
   const double fold = ranks == pow2 ? 0.0 : (a + bytes * b + bytes * gamma) + (a + bytes * b);
   switch (algorithm) {
-    case allreduce_algorithm::recursive_doubling:
-      return detail::log2_of(pow2) * (a + bytes * b + bytes * gamma) + fold;
+    case allreduce_algorithm::recursive_doubling: return detail::log2_of(pow2) * (a + bytes * b + bytes * gamma) + fold;
     case allreduce_algorithm::halving_doubling:
       return 2 * detail::log2_of(pow2) * a + 2 * (P - 1) / P * bytes * b + (P - 1) / P * bytes * gamma + fold;
     case allreduce_algorithm::ring: {
       const double block = bytes / p;
-      const double segments = segment_bytes == 0 ? 1.0 : std::max(1.0, std::ceil(block / static_cast<double>(segment_bytes)));
+      const double segments =
+          segment_bytes == 0 ? 1.0 : std::max(1.0, std::ceil(block / static_cast<double>(segment_bytes)));
       return 2 * (p - 1) * segments * a + 2 * (p - 1) / p * bytes * b + (p - 1) / p * bytes * gamma;
     }
     case allreduce_algorithm::binomial_tree: {
@@ -136,8 +136,8 @@ inline constexpr std::array<allreduce_algorithm, 4> flat_allreduce_algorithms{
 
 /// An algorithm and its predicted time.
 struct allreduce_choice {
-  allreduce_algorithm algorithm = allreduce_algorithm::ring;
-  double predicted_us = std::numeric_limits<double>::infinity();
+  allreduce_algorithm algorithm = allreduce_algorithm::ring;      ///< the fastest candidate
+  double predicted_us = std::numeric_limits<double>::infinity();  ///< its predicted time
 };
 
 /// The fastest of `candidates` (flat ones only) for `bytes` over `ranks` ranks on `link`; ties go
@@ -178,9 +178,9 @@ struct allreduce_choice {
 
 /// The algorithm of `candidates` the model predicts fastest for `bytes` over `ranks` ranks of `m`
 /// (ties go to the earlier candidate).
-[[nodiscard]] inline allreduce_choice choose_allreduce(double bytes, int ranks, const machine_model& m,
-                                                       std::span<const allreduce_algorithm> candidates =
-                                                           all_allreduce_algorithms) {
+[[nodiscard]] inline allreduce_choice choose_allreduce(
+    double bytes, int ranks, const machine_model& m,
+    std::span<const allreduce_algorithm> candidates = all_allreduce_algorithms) {
   allreduce_choice best;
   for (const allreduce_algorithm a : candidates) {
     const double t = predicted_allreduce_us(a, bytes, ranks, m);

@@ -516,8 +516,8 @@ class Bucketer {
     tensor_view data;
     std::vector<std::size_t> members;  // its gradients in slot order (ascending index)
     std::vector<tensor_view> direct;   // direct mode: the gradients of this bucket, for one launch
-    bool user_memory = false;         // its gradients were adjacent at build(): no copies in
-    bool launched_in_place = false;   // this iteration's collective ran on the trainer's memory
+    bool user_memory = false;          // its gradients were adjacent at build(): no copies in
+    bool launched_in_place = false;    // this iteration's collective ran on the trainer's memory
     std::size_t gradients = 0;
     work inflight;
     bool launched = false;

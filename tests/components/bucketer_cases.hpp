@@ -604,7 +604,8 @@ inline void contiguous_gradients(ddp::communicator_ref comm) {
   std::size_t total = 0;
   for (std::size_t s : sizes) total += s;
   auto value = [](int r, std::size_t g, std::size_t k) {
-    return static_cast<float>((static_cast<std::size_t>(r) * 7 + g * 3 + k) % 13) * 0.37f + 0.1f * static_cast<float>(r);
+    return static_cast<float>((static_cast<std::size_t>(r) * 7 + g * 3 + k) % 13) * 0.37f +
+           0.1f * static_cast<float>(r);
   };
   auto want = [&](std::size_t g, std::size_t k) {  // the rule: each value times 1/n in float, then the sum
     double sum = 0;
@@ -652,12 +653,13 @@ inline void contiguous_gradients(ddp::communicator_ref comm) {
       ref.finalize();
       for (std::size_t g = 0; g < sizes.size(); ++g) {
         for (std::size_t k = 0; k < sizes[g]; ++k) {
-          SUITE_EXPECT(std::abs(grads[g][k] - want(g, k)) < 1e-5,
-                       where << ", step " << step << ": gradient " << g << "[" << k << "] = " << grads[g][k]
-                             << ", want " << want(g, k));
+          SUITE_EXPECT(std::abs(grads[g][k] - want(g, k)) < 1e-5, where << ", step " << step << ": gradient " << g
+                                                                        << "[" << k << "] = " << grads[g][k]
+                                                                        << ", want " << want(g, k));
         }
         SUITE_EXPECT(sizes[g] == 0 || std::memcmp(grads[g].data(), separate[g].data(), sizes[g] * sizeof(float)) == 0,
-                     where << ", step " << step << ": gradient " << g << " differs in its bits from one allocation per gradient");
+                     where << ", step " << step << ": gradient " << g
+                           << " differs in its bits from one allocation per gradient");
       }
       std::size_t moved_bucket = 0;
       for (std::size_t k = 0; k < b.layout().size(); ++k) {
@@ -667,8 +669,8 @@ inline void contiguous_gradients(ddp::communicator_ref comm) {
       for (std::size_t k = 0; k < b.layout().size(); ++k) {
         const bool expect = mine_flat && !b.direct() && !(step == 2 && rank == 0 && k == moved_bucket);
         SUITE_EXPECT(b.last_step().buckets[k].in_place == (expect || b.direct()),
-                     where << ", step " << step << ": bucket " << k << " in_place = " << b.last_step().buckets[k].in_place
-                           << ", want " << (expect || b.direct()));
+                     where << ", step " << step << ": bucket " << k << " in_place = "
+                           << b.last_step().buckets[k].in_place << ", want " << (expect || b.direct()));
       }
       if (step == 2 && rank == 0 && mine_flat) grads[3] = std::span<float>(flat.data() + 307, sizes[3]);  // back home
     }
@@ -679,8 +681,11 @@ inline void contiguous_gradients(ddp::communicator_ref comm) {
     o.add(ddp::tensor_view{block.data(), 20, ddp::dtype::f32, ddp::device::host()});
     o.add(ddp::tensor_view{block.data() + 20, 0, ddp::dtype::f32, ddp::device::host()});
     o.add(ddp::tensor_view{block.data() + 20, 12, ddp::dtype::f32, ddp::device::host()});
-    expect_usage_error([&] { o.add(ddp::tensor_view{block.data() + 10, 4, ddp::dtype::f32, ddp::device::host()}); },
-                       "gradient 3 overlaps the memory of gradient 0", "overlapping gradients");
+    expect_usage_error(
+        [&] {
+          o.add(ddp::tensor_view{block.data() + 10, 4, ddp::dtype::f32, ddp::device::host()});
+        },
+        "gradient 3 overlaps the memory of gradient 0", "overlapping gradients");
   }
 }
 

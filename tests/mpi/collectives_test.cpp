@@ -9,9 +9,7 @@
 
 namespace {
 
-ddp::mpi::options mpi_only() {
-  return {.ring_min_bytes = ddp::mpi::options::never, .recursive_doubling_max_bytes = 0};
-}
+ddp::mpi::options mpi_only() { return {.ring_min_bytes = ddp::mpi::options::never, .recursive_doubling_max_bytes = 0}; }
 // Every size through recursive doubling (up to 1 GiB): the suite's every dtype, op and rank count.
 ddp::mpi::options recursive_doubling_only() {
   return {.ring_min_bytes = ddp::mpi::options::never, .recursive_doubling_max_bytes = std::size_t{1} << 30};

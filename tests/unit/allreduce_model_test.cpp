@@ -28,11 +28,9 @@ TEST_CASE("allreduce model: one rank costs nothing; the formulas at hand-checked
   const double n = 1 << 20;  // 2 ranks in one node: the node's link
   const double b = m.node.us_per_byte;
   const double g = m.reduce_us_per_byte;
-  CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, n, 2, m) ==
-        Approx(0.5 + n * b + n * g));
+  CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, n, 2, m) == Approx(0.5 + n * b + n * g));
   CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::ring, n, 2, m) == Approx(2 * 0.5 + n * b + n * g / 2));
-  CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::binomial_tree, n, 2, m) ==
-        Approx(2 * (0.5 + n * b) + n * g));
+  CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::binomial_tree, n, 2, m) == Approx(2 * (0.5 + n * b) + n * g));
   // A rank count that is not a power of two pays the fold: 3 ranks cost more than 4.
   CHECK(ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, 4, 3, m) >
         ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, 4, 4, m));

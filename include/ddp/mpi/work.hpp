@@ -262,7 +262,7 @@ class mpi_work final : public work_state {
   bool finished_ = false;
   bool timed_out_ = false;
   tensor_view divide_{nullptr, 0, dtype::f32, device::host()};
-  std::vector<MPI_Request> more_requests_;  // further dtype groups, or chunks above INT_MAX elements
+  std::vector<MPI_Request> more_requests_;             // further dtype groups, or chunks above INT_MAX elements
   std::vector<std::unique_ptr<p2p_allreduce>> rings_;  // ddp's own algorithms (ring, recursive doubling)
   std::vector<std::unique_ptr<std::byte[]>> staging_;
   std::size_t staged_bytes_ = 0;
