@@ -28,6 +28,7 @@
 /// same layout (a backend may sum different positions of a buffer in different rank orders, and
 /// floating-point addition is not associative, so a gradient must sit at the same offset).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -70,13 +71,45 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
   if (average_divides_first(t)) detail::scale_in_place(t, data, n, 1.0 / divisor);
 }
 
+namespace detail {
+
+// allreduce_average over device tensors: the device cannot be touched from here, so the division
+// is the backend's: its pre-multiplied sum (NCCL: ncclRedOpCreatePreMulSum, the rule exactly), or,
+// over every rank, its avg (NCCL's ncclAvg pre-multiplies floating types by 1/n and divides
+// integer sums: the rule again).
+[[nodiscard]] inline work allreduce_average_on_device(communicator_ref comm, std::span<const tensor_view> tensors,
+                                                      int divisor, average_input input, std::string_view caller) {
+  bool all_floating = true;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const tensor_view& t = tensors[i];
+    if (t.where.is_host()) {
+      throw usage_error(comm.rank(), std::string(caller),
+                        "tensor " + std::to_string(i) + " is in host memory and tensor 0 is on " +
+                            tensors[0].where.str() + ": one average is over device tensors or host tensors, not both");
+    }
+    all_floating = all_floating && average_divides_first(t.type);
+  }
+  if (input == average_input::divided || divisor == 1) return comm.allreduce(tensors, reduce_op::sum);
+  if (all_floating && comm.has_premul_sum()) return comm.allreduce_premul_sum(tensors, 1.0 / divisor);
+  if (divisor == comm.size()) return comm.allreduce(tensors, reduce_op::avg);
+  throw usage_error(comm.rank(), std::string(caller),
+                    "an average of device tensors over " + std::to_string(divisor) + " of " +
+                        std::to_string(comm.size()) +
+                        " ranks (a join round or a Manager quorum) needs floating-point tensors and a backend with a "
+                        "pre-multiplied sum (the NCCL backend has one)");
+}
+
+}  // namespace detail
+
 /// Launches the average over ranks of `tensors`, in place, by the rule above: on completion every
 /// rank holds the same bits. `caller` names the operation in errors ("Bucketer", "BufferReducer::
 /// sync", ...). Raw floating-point values go to the backend's pre-multiplied sum when it has one;
 /// otherwise they are divided in place before the collective is issued (a failed average then
 /// leaves them divided).
-/// @throws usage_error if `divisor` < 1, or if a tensor that must be divided on the host (raw
-///         floating-point values) is in device memory
+/// Device tensors (all of a call on the device) are averaged by the backend: its pre-multiplied
+/// sum, or its `avg` over every rank (see `detail::allreduce_average_on_device`).
+/// @throws usage_error if `divisor` < 1, if host and device tensors are mixed, or if device
+///         tensors are averaged over fewer than all ranks without a pre-multiplied sum
 [[nodiscard]] inline work allreduce_average(communicator_ref comm, std::span<const tensor_view> tensors, int divisor,
                                             average_input input = average_input::raw,
                                             std::string_view caller = "allreduce_average") {
@@ -84,25 +117,21 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
     throw usage_error(comm.rank(), std::string(caller),
                       "an average over " + std::to_string(divisor) + " ranks: the divisor must be at least 1");
   }
+  if (std::any_of(tensors.begin(), tensors.end(), [](const tensor_view& t) { return !t.where.is_host(); })) {
+    return detail::allreduce_average_on_device(comm, tensors, divisor, input, caller);
+  }
   // Raw floating-point values are scaled by the backend on their way in, when it can.
   const bool premul = input == average_input::raw && divisor > 1 && comm.has_premul_sum();
   const auto sum = [&] {
     return premul ? comm.allreduce_premul_sum(tensors, 1.0 / divisor) : comm.allreduce(tensors, reduce_op::sum);
   };
   bool any_integer = false;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const tensor_view& t = tensors[i];
+  for (const tensor_view& t : tensors) {
     if (!average_divides_first(t.type)) {
       any_integer = true;
       continue;
     }
     if (premul || input == average_input::divided || divisor == 1 || t.count == 0) continue;
-    if (!t.where.is_host()) {
-      throw usage_error(comm.rank(), std::string(caller),
-                        "tensor " + std::to_string(i) + " (" + std::to_string(t.count) + " x " +
-                            std::string(name_of(t.type)) + ") is on " + t.where.str() +
-                            ": averaging divides before the sum, which needs host memory");
-    }
     average_divide_in_place(t.type, t.data, t.count, divisor);
   }
   if (!any_integer || divisor == 1) return sum();
@@ -113,17 +142,8 @@ inline void average_divide_in_place(dtype t, void* data, std::size_t n, int divi
   if (all_integer && divisor == comm.size()) return comm.allreduce(tensors, reduce_op::avg);
 
   std::vector<tensor_view> integers;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const tensor_view& t = tensors[i];
-    if (average_divides_first(t.type)) continue;
-    if (!t.where.is_host()) {
-      throw usage_error(comm.rank(), std::string(caller),
-                        "tensor " + std::to_string(i) + " (" + std::to_string(t.count) + " x " +
-                            std::string(name_of(t.type)) + ") is on " + t.where.str() + ": an integer average over " +
-                            std::to_string(divisor) + " of " + std::to_string(comm.size()) +
-                            " ranks divides the sum on the host");
-    }
-    integers.push_back(t);
+  for (const tensor_view& t : tensors) {
+    if (!average_divides_first(t.type)) integers.push_back(t);
   }
   work w = sum();
   w.then([integers = std::move(integers), divisor] {

@@ -42,6 +42,17 @@
 /// the last step (`zero_grad(set_to_none=true)`) is followed to its new memory, averaged and
 /// written back there. Zero-copy gradients live in the Bucketer's storage and are not re-read.
 ///
+/// Device gradients (over a device communicator: NCCL, or the emulated device of the tests): buckets
+/// live in device memory, allocated on the communicator's stream. Every copy is stream-ordered on
+/// that stream and nothing waits on the host. `mark_ready(i)` makes the stream wait for an event
+/// recorded on the trainer's compute stream (`set_compute_stream`), or for the event the trainer
+/// passes (`mark_ready(i, event)`), then enqueues the copy into the bucket; a bucket's collective
+/// averages on the device (the backend's pre-multiplied sum or `avg`); its copy back is enqueued
+/// right behind it. `finalize()` makes the compute stream wait for all of it, without blocking the
+/// host; `finalize_blocking()` also waits on the host. A comm hook on device buckets must enqueue
+/// its work on the communicator's stream (`communicator_ref::device_queue()`).
+/// `find_unused_parameters` and contiguous in-place buckets are host-only in this version.
+///
 /// Collectives per synchronised iteration: one per bucket (through the hook), plus one `u8` max
 /// allreduce of the used-gradient map when `find_unused_parameters` is on. Construction-time
 /// checks cost one allgather (`check_layout`); a rebuilding policy costs one broadcast, once.
@@ -71,6 +82,8 @@
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/aligned_buffer.hpp>
+#include <ddp/detail/device_buffer.hpp>
+#include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/gradient_hooks.hpp>
 #include <ddp/hooks/allreduce_average.hpp>
@@ -163,7 +176,7 @@ class Bucketer {
   /// @param policy   layout policy (its knobs: `{.cap_bytes = 50 << 20}`)
   /// @param options  behaviour that is not about the layout
   explicit Bucketer(communicator_ref comm, Policy policy = {}, bucketer_options options = {})
-      : comm_(comm), policy_(std::move(policy)), opts_(options), divisor_(comm.size()) {}
+      : comm_(comm), policy_(std::move(policy)), opts_(options), dq_(comm.device_queue()), divisor_(comm.size()) {}
 
   Bucketer(const Bucketer&) = delete;  // hooks and bucket views point into this object
   Bucketer& operator=(const Bucketer&) = delete;
@@ -280,9 +293,43 @@ class Bucketer {
 
   // ---- per iteration -----------------------------------------------------------------------
 
+  /// Device gradients: the stream the backward pass runs on. `mark_ready(i)` records an event on
+  /// it (gradient i is produced by the work enqueued there so far), and `finalize()` makes it wait
+  /// for the averaged gradients. Set it before an iteration; the stream must outlive its use.
+  /// @throws usage_error if the communicator has no device stream
+  void set_compute_stream(device_stream stream) {
+    if (dq_.runtime == nullptr) {
+      throw usage_error(comm_.rank(), "Bucketer::set_compute_stream",
+                        "the communicator runs its collectives on host memory: a compute stream is for device "
+                        "gradients over a device communicator (ddp::nccl::communicator)");
+    }
+    compute_ = stream;
+    has_compute_ = true;
+  }
+
+  /// Device gradient `i` was written by the work that `produced` captured (an event the trainer
+  /// recorded after the gradient's kernel): the copy into the bucket waits for it on the device,
+  /// the host does not. Otherwise as `mark_ready(i)`.
+  /// @throws usage_error for a host gradient, or as `mark_ready(i)`
+  void mark_ready(std::size_t i, device_event produced) {
+    if (dq_.runtime == nullptr) {
+      throw usage_error(comm_.rank(), "Bucketer::mark_ready",
+                        "an event was passed for gradient " + std::to_string(i) +
+                            ", but this Bucketer's gradients are in host memory: call mark_ready(i)");
+    }
+    if (!produced) {
+      throw usage_error(comm_.rank(), "Bucketer::mark_ready", "an empty event was passed for gradient " + std::to_string(i));
+    }
+    mark_ready_impl(i, produced);
+  }
+
   /// Gradient `i` is final for this iteration. Thread-safe: may be called concurrently for
-  /// different gradients. Launches every bucket that became ready, in layout order.
-  void mark_ready(std::size_t i) {
+  /// different gradients. Launches every bucket that became ready, in layout order. A device
+  /// gradient is produced by the work enqueued on the compute stream so far (`set_compute_stream`).
+  void mark_ready(std::size_t i) { mark_ready_impl(i, device_event{}); }
+
+ private:
+  void mark_ready_impl(std::size_t i, device_event produced) {
     if (i >= entries_.size()) {
       throw usage_error(comm_.rank(), "Bucketer::mark_ready",
                         "gradient index " + std::to_string(i) + " out of range: " + std::to_string(entries_.size()) +
@@ -305,7 +352,9 @@ class Bucketer {
     // new memory, so a gradient replaced since the last step (set_to_none) is the one averaged.
     // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
     if (!opts_.zero_copy && e.grad_source.rereads()) follow_gradient(i, e, "Bucketer::mark_ready");
-    if (buckets_[e.bucket].user_memory) {
+    if (dq_.runtime != nullptr) {
+      enqueue_copy_in(i, e, produced);
+    } else if (buckets_[e.bucket].user_memory) {
       // Contiguous gradients: the division the copy would fold in, done in place (same bits).
       if (e.gradient.count > 0) average_divide_in_place(e.gradient.type, e.gradient.data, e.gradient.count, divisor_);
     } else if (!opts_.zero_copy && !direct_ && e.gradient.count > 0) {
@@ -327,12 +376,28 @@ class Bucketer {
     }
   }
 
+ public:
+
   /// End of the backward pass: launches what is left (zeros for unused gradients if enabled),
   /// waits for every bucket and writes the averaged gradients back. After it returns, all
   /// registered gradients hold the same bits on every rank.
+  ///
+  /// Device gradients: the copies back are enqueued behind the collectives, and the compute
+  /// stream (`set_compute_stream`) waits for them on the device; the host does not wait, so the
+  /// gradients hold the average for work enqueued on the compute stream from now on. A collective
+  /// that already failed is rethrown; one that fails later surfaces at the next wait (the
+  /// backend's errors are sticky). Without a compute stream it is `finalize_blocking()`.
   /// @throws usage_error if gradients were never marked (and find_unused_parameters is off), naming them
   /// @throws communication_error / timeout_error from the collectives
-  void finalize() {
+  void finalize() { finalize_impl(false); }
+
+  /// `finalize()`, then the host waits until the averaged gradients are in place (for host
+  /// gradients, what `finalize()` does anyway).
+  /// @throws as `finalize()`
+  void finalize_blocking() { finalize_impl(true); }
+
+ private:
+  void finalize_impl(bool blocking) {
     if (!built_.load(std::memory_order_acquire)) build();
     if (no_sync_) {
       reset_iteration();
@@ -358,8 +423,12 @@ class Bucketer {
       if (pending_[e.bucket].fetch_sub(1) == 1) launch_ready_locked();
     }
     work used_map = launch_used_map(unmarked);
-    const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters && !direct_;
-    wait_all_locked(called, copy_each, used_map);
+    if (dq_.runtime != nullptr) {
+      finish_on_device_locked(called, blocking || !has_compute_);
+    } else {
+      const bool copy_each = !opts_.zero_copy && !opts_.find_unused_parameters && !direct_;
+      wait_all_locked(called, copy_each, used_map);
+    }
     std::vector<std::size_t> lost;  // used elsewhere, but without memory here: thrown after the collectives
     if (opts_.find_unused_parameters) lost = copy_back();
     if (rebuild_pending_) rebuild_locked();
@@ -368,6 +437,8 @@ class Bucketer {
     stats_ = current_;
     if (!lost.empty()) throw_lost(lost);
   }
+
+ public:
 
   /// RAII scope in which iterations only accumulate locally (no communication). The next
   /// synchronised iteration averages the accumulated gradients.
@@ -409,6 +480,11 @@ class Bucketer {
   template <element T>
   [[nodiscard]] std::span<T> gradient(std::size_t i) {
     const tensor_view v = gradient_view(i);
+    if (!v.where.is_host()) {
+      throw usage_error(comm_.rank(), "Bucketer::gradient",
+                        "gradient " + std::to_string(i) + " is on " + v.where.str() +
+                            ": a span would let the host touch device memory; use gradient_view(i)");
+    }
     if (v.type != dtype_v<T>) {
       throw usage_error(comm_.rank(), "Bucketer::gradient",
                         "gradient " + std::to_string(i) + " is " + std::string(name_of(v.type)) + ", not " +
@@ -513,6 +589,7 @@ class Bucketer {
   };
   struct bucket {
     detail::aligned_buffer storage;
+    detail::device_buffer device_storage;  // device gradients: the bucket on their device
     tensor_view data;
     std::vector<std::size_t> members;  // its gradients in slot order (ascending index)
     std::vector<tensor_view> direct;   // direct mode: the gradients of this bucket, for one launch
@@ -593,10 +670,8 @@ class Bucketer {
     if (built_) {
       throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " added after build()");
     }
-    if (!grad.where.is_host()) {
-      throw usage_error(comm_.rank(), "Bucketer::add",
-                        "gradient " + std::to_string(i) + " is on " + grad.where.str() +
-                            "; this version keeps buckets in host memory only");
+    if (const std::string why = device_problem(grad); !why.empty()) {
+      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " " + why);
     }
     if (grad.count > 0 && grad.data == nullptr) {
       throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " has no data pointer");
@@ -613,6 +688,20 @@ class Bucketer {
     }
     entries_.push_back({param, grad, 0, 0, std::move(param_source), std::move(grad_source)});
     return i;
+  }
+
+  // Why a gradient on `g.where` cannot be averaged over this communicator ("" if it can): host
+  // gradients need a host communicator, device gradients a device communicator on their device.
+  [[nodiscard]] std::string device_problem(const tensor_view& g) const {
+    if (dq_.runtime == nullptr) {
+      if (g.where.is_host()) return {};
+      return "is on " + g.where.str() +
+             ", but the communicator runs its collectives on host memory: device gradients need a device communicator "
+             "(ddp::nccl::communicator)";
+    }
+    if (g.where == dq_.where) return {};
+    return "is on " + g.where.str() + ", but the communicator's collectives run on " + dq_.where.str() +
+           ": a Bucketer's gradients are all on its communicator's device";
   }
 
   [[nodiscard]] std::vector<gradient_info> infos() const {
@@ -635,6 +724,7 @@ class Bucketer {
     if (auto problem = detail::validate_layout(l, grads)) {
       throw usage_error(comm_.rank(), "Bucketer::build", "the layout policy returned an invalid layout: " + *problem);
     }
+    if (dq_.runtime != nullptr) prepare_device();
     marked_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
     if constexpr (rebuilding_policy<Policy>) {
       rebuild_pending_ = true;
@@ -671,16 +761,23 @@ class Bucketer {
         elems += entries_[i].gradient.count;
       }
       const gradient_info first{0, elems, entries_[l.buckets[b].front()].gradient.type, device::host()};
-      fresh[b].storage = detail::aligned_buffer(first.bytes());
-      fresh[b].data = {fresh[b].storage.data(), elems, first.type, device::host()};
+      if (dq_.runtime != nullptr) {  // device gradients: the bucket on their device, ordered on the comm stream
+        fresh[b].device_storage = detail::device_buffer(*dq_.runtime, dq_.where, first.bytes(), dq_.stream);
+        fresh[b].data = {fresh[b].device_storage.data(), elems, first.type, dq_.where};
+      } else {
+        fresh[b].storage = detail::aligned_buffer(first.bytes());
+        fresh[b].data = {fresh[b].storage.data(), elems, first.type, device::host()};
+      }
       fresh[b].gradients = l.buckets[b].size();
     }
     if (keep_values) {  // zero-copy gradients live in the old storage: carry them over
+      std::vector<copy_region> carried;
       for (std::size_t i = 0; i < entries_.size(); ++i) {
         const tensor_view from = slot(entries_[i]);
         const tensor_view to = fresh[moved[i].bucket].data.slice(moved[i].offset, entries_[i].gradient.count);
-        if (from.count) std::memcpy(to.data, from.data, from.bytes());
+        if (from.count) carried.push_back({to.data, from.data, from.bytes()});
       }
+      copy_regions(carried);  // before the old storage goes: its release is ordered after these copies
     }
     buckets_ = std::move(fresh);
     entries_ = std::move(moved);
@@ -815,6 +912,9 @@ class Bucketer {
     } else {
       bk.inflight = hook_(gb);
     }
+    // Device buckets: the average goes back to the gradients right behind the collective, in
+    // stream order; nothing waits for it here.
+    if (dq_.runtime != nullptr && !opts_.zero_copy && !shadowing_) copy_regions(copy_back_regions(b));
     bk.launched = true;
     if (progress_thread_.joinable()) {
       {
@@ -967,6 +1067,91 @@ class Bucketer {
     }
   }
 
+  // ---- device gradients ----------------------------------------------------------------------
+
+  // At build(): the options device buckets support, and the events mark_ready records.
+  void prepare_device() {
+    const char* const op = "Bucketer::build";
+    if (opts_.find_unused_parameters) {
+      throw usage_error(comm_.rank(), op,
+                        "find_unused_parameters is not supported for device gradients in this version (it zeroes "
+                        "and copies unused gradients on the host): mark every gradient ready, with zeros if unused");
+    }
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (const std::string why = device_problem(entries_[i].gradient); !why.empty()) {
+        throw usage_error(comm_.rank(), op, "gradient " + std::to_string(i) + " " + why);
+      }
+    }
+    ready_events_.clear();
+    for (std::size_t i = 0; i < entries_.size(); ++i) ready_events_.emplace_back(*dq_.runtime, dq_.where);
+    done_event_ = detail::device_event_owner(*dq_.runtime, dq_.where);
+  }
+
+  // mark_ready of device gradient i: the comm stream waits for the gradient's producer (the event
+  // passed, or one recorded now on the compute stream), then copies it into its slot.
+  void enqueue_copy_in(std::size_t i, const entry& e, device_event produced) {
+    device_runtime& rt = *dq_.runtime;
+    if (!produced) {
+      if (!has_compute_) {
+        throw usage_error(comm_.rank(), "Bucketer::mark_ready",
+                          "gradient " + std::to_string(i) + " is on " + e.gradient.where.str() +
+                              ": say which stream produced it, with set_compute_stream() or mark_ready(i, event)");
+      }
+      produced = ready_events_[i].get();
+      rt.record(produced, compute_);
+    }
+    rt.wait(dq_.stream, produced);
+    if (opts_.zero_copy || e.gradient.count == 0) return;  // zero-copy: the gradient is in the bucket already
+    const tensor_view to = slot(e);
+    const copy_region region{to.data, e.gradient.data, e.gradient.bytes()};
+    rt.copy(std::span<const copy_region>(&region, 1), dq_.stream);
+  }
+
+  // Bucket b's slots back into its gradients.
+  [[nodiscard]] std::vector<copy_region> copy_back_regions(std::size_t b) const {
+    std::vector<copy_region> out;
+    for (const std::size_t i : buckets_[b].members) {
+      const entry& e = entries_[i];
+      if (e.gradient.count) out.push_back({e.gradient.data, slot(e).data, e.gradient.bytes()});
+    }
+    return out;
+  }
+
+  // Copies between buckets and gradients: one batch on the comm stream for device buckets,
+  // memcpy for host ones.
+  void copy_regions(const std::vector<copy_region>& regions) {
+    if (regions.empty()) return;
+    if (dq_.runtime != nullptr) {
+      dq_.runtime->copy(regions, dq_.stream);
+      return;
+    }
+    for (const copy_region& r : regions) std::memcpy(r.dst, r.src, r.bytes);
+  }
+
+  // finalize() of device buckets: the compute stream waits for every collective and copy back;
+  // the host waits only when `blocking`. Buckets whose work already completed (or failed) are
+  // noted either way, so a failure seen now is thrown now.
+  void finish_on_device_locked(clock::time_point since, bool blocking) {
+    device_runtime& rt = *dq_.runtime;
+    rt.record(done_event_.get(), dq_.stream);
+    if (has_compute_) rt.wait(compute_, done_event_.get());
+    if (blocking) {
+      work none = work::ready();
+      wait_all_locked(since, false, none);
+      rt.synchronize(done_event_.get());  // the copies back, behind the collectives
+    } else {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        if (!buckets_[b].launched) {
+          throw usage_error(comm_.rank(), "Bucketer::finalize",
+                            "bucket " + std::to_string(b) + " could not launch: " + std::to_string(pending_[b].load()) +
+                                " of its gradients were never marked ready");
+        }
+        if (buckets_[b].inflight.test()) note_completed(b);  // throws a failure already known
+      }
+    }
+    current_.finalize_wait_ms = ms_between(since, clock::now());
+  }
+
   // Bucket b's non-empty gradients in slot order, adjacent ones merged into one tensor.
   [[nodiscard]] std::vector<tensor_view> bucket_gradients(std::size_t b) const {
     std::vector<tensor_view> out;
@@ -985,7 +1170,10 @@ class Bucketer {
 
   // True if the copy into the bucket divides by the divisor (default hook, copy path): the
   // bucket is then `allreduce_average`d as `average_input::divided`, without the hook.
-  [[nodiscard]] bool divides_in_copy() const noexcept { return default_hook_ && !opts_.zero_copy; }
+  // Device buckets are averaged by the backend instead (allreduce_average's device rule).
+  [[nodiscard]] bool divides_in_copy() const noexcept {
+    return default_hook_ && !opts_.zero_copy && dq_.runtime == nullptr;
+  }
 
   work launch_used_map(const std::vector<std::size_t>& unmarked) {
     if (!opts_.find_unused_parameters) return work::ready();
@@ -1091,7 +1279,12 @@ class Bucketer {
     iteration_start_ = clock::now();
     current_.shadowed = true;
     for (auto& b : buckets_) {
-      if (b.data.count) std::memset(b.data.data, 0, b.data.bytes());
+      if (b.data.count == 0) continue;
+      if (dq_.runtime != nullptr) {
+        dq_.runtime->zero(b.data.data, b.data.bytes(), dq_.stream);
+      } else {
+        std::memset(b.data.data, 0, b.data.bytes());
+      }
     }
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b].store(0);
     launch_ready_locked();
@@ -1149,6 +1342,7 @@ class Bucketer {
   communicator_ref comm_;
   Policy policy_;
   bucketer_options opts_;
+  ddp::device_queue dq_;  // the communicator's device stream (runtime null: host gradients)
   comm_hook hook_ = hooks::allreduce_average{};
   bool default_hook_ = true;  // lets the copy path fold the averaging into the copy in
   bool direct_ = false;       // buckets are coalesced calls over the gradients (set by build())
@@ -1185,6 +1379,11 @@ class Bucketer {
   std::atomic<bool> progress_wanted_{false};
   std::atomic<bool> stop_progress_{false};
   std::thread progress_thread_;  // optional (progress_interval); joined in the destructor
+
+  device_stream compute_{};  // device gradients: the backward pass's stream (set_compute_stream)
+  bool has_compute_ = false;
+  std::vector<detail::device_event_owner> ready_events_;  // per gradient, recorded by mark_ready(i)
+  detail::device_event_owner done_event_;                 // the comm stream at finalize()
 
   timeline::recorder* rec_ = nullptr;    // optional (set_recorder)
   std::vector<attached_hook> attached_;  // destroyed before the state its hooks use

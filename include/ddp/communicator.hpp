@@ -27,6 +27,8 @@
 /// - `stages_input()` (`staging_communicator`): true when the backend copies every input into
 ///   memory of its own anyway (shared memory), so a coalesced call over many scattered tensors
 ///   costs no more than one over a contiguous buffer. The Bucketer then skips its bucket copy.
+/// - `device_queue()` (`device_communicator`): the collectives run on a device stream; returns
+///   the runtime, the stream and the device (device_runtime.hpp states the extra contract).
 
 #include <concepts>
 #include <cstddef>
@@ -34,6 +36,7 @@
 #include <span>
 #include <utility>
 
+#include <ddp/device_runtime.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
@@ -64,6 +67,12 @@ concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<co
 template <class C>
 concept staging_communicator = communicator<C> && requires(const C& cc) {
   { cc.stages_input() } -> std::same_as<bool>;
+};
+
+/// A communicator whose collectives run on a device stream (see device_runtime.hpp).
+template <class C>
+concept device_communicator = communicator<C> && requires(const C& cc) {
+  { cc.device_queue() } -> std::same_as<ddp::device_queue>;
 };
 
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
@@ -112,6 +121,12 @@ class communicator_ref {
   }
   /// True if the referenced backend copies every input into its own memory (file comment).
   [[nodiscard]] bool stages_input() const { return vt_->stages_input != nullptr && vt_->stages_input(obj_); }
+  /// True if the referenced backend runs its collectives on a device stream (`device_communicator`).
+  [[nodiscard]] bool has_device_queue() const noexcept { return vt_->device_queue != nullptr; }
+  /// The referenced backend's runtime, stream and device; an empty queue (null runtime) if it has none.
+  [[nodiscard]] ddp::device_queue device_queue() const {
+    return vt_->device_queue != nullptr ? vt_->device_queue(obj_) : ddp::device_queue{};
+  }
 
   /// Single-tensor conveniences over any tensor type.
   template <class T>
@@ -143,6 +158,7 @@ class communicator_ref {
     void (*abort)(void*) noexcept;
     work (*premul_sum)(void*, std::span<const tensor_view>, double);  // null: no such capability
     bool (*stages_input)(const void*);                                // null: never stages
+    ddp::device_queue (*device_queue)(const void*);                   // null: host collectives only
   };
 
   template <class C>
@@ -165,6 +181,15 @@ class communicator_ref {
   }
 
   template <class C>
+  static constexpr auto device_queue_entry() -> ddp::device_queue (*)(const void*) {
+    if constexpr (device_communicator<C>) {
+      return [](const void* o) { return static_cast<const C*>(o)->device_queue(); };
+    } else {
+      return nullptr;
+    }
+  }
+
+  template <class C>
   static constexpr vtable table_for = {
       [](const void* o) { return static_cast<const C*>(o)->rank(); },
       [](const void* o) { return static_cast<const C*>(o)->size(); },
@@ -176,6 +201,7 @@ class communicator_ref {
       [](void* o) noexcept { static_cast<C*>(o)->abort(); },
       premul_sum_entry<C>(),
       stages_input_entry<C>(),
+      device_queue_entry<C>(),
   };
 
   void* obj_;

@@ -22,9 +22,10 @@
 /// a total that does not fit the dtype is a wrong value, silently. Size counters so that the
 /// total over ranks fits.
 
-#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include <ddp/average.hpp>
+#include <ddp/detail/device_fill.hpp>
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
@@ -89,7 +91,8 @@ struct allreduce {
 
   /// Allreduces the group with `Op`, after filling it with `Op`'s identity on a joined rank; a mean
   /// is `allreduce_average` over `mean_divisor_of(g)` ranks.
-  /// @throws usage_error if a joined rank's identity, or a mean's division, needs device memory
+  /// @throws usage_error if a group is on a device the communicator has no stream for, or a mean
+  ///         of device buffers over some ranks needs a pre-multiplied sum the backend lacks
   [[nodiscard]] work sync(const buffer_group& g) const {
     if (g.joined) fill_identity(g);
     if constexpr (Op == reduce_op::avg) {
@@ -122,15 +125,6 @@ struct allreduce {
   friend std::ostream& operator<<(std::ostream& os, const allreduce& a) { return os << a.name(); }
 
  private:
-  static void require_host(const buffer_group& g, const char* what) {
-    for (const tensor_view& t : g.tensors) {
-      if (!t.where.is_host()) {
-        throw usage_error(g.comm.rank(), "BufferReducer::sync",
-                          std::string(what) + " needs host memory, but " + g.describe() + " is on " + t.where.str());
-      }
-    }
-  }
-
   /// The value that leaves any other operand unchanged under `Op`.
   template <class T>
   static T identity() noexcept {
@@ -147,11 +141,20 @@ struct allreduce {
     }
   }
 
+  // A joined rank's neutral contribution: zeros enqueued on a device's stream; any other identity
+  // built on the host and copied (ddp/detail/device_fill.hpp).
   static void fill_identity(const buffer_group& g) {
-    require_host(g, "a joined rank's neutral contribution");
     for (const tensor_view& t : g.tensors) {
-      ddp::detail::visit_dtype(t.type,
-                               [&]<class T>(T) { std::fill_n(static_cast<T*>(t.data), t.count, identity<T>()); });
+      const std::string what = g.describe() + ": a joined rank's neutral contribution";
+      if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+        ddp::detail::zero_fill(g.comm, t, "BufferReducer::sync", what);
+      } else {
+        ddp::detail::visit_dtype(t.type, [&]<class T>(T) {
+          const T value = identity<T>();
+          ddp::detail::pattern_fill(g.comm, t, std::as_bytes(std::span<const T>(&value, 1)), "BufferReducer::sync",
+                                    what);
+        });
+      }
     }
   }
 };

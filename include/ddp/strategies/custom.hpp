@@ -33,6 +33,7 @@
 #include <utility>
 
 #include <ddp/communicator.hpp>
+#include <ddp/detail/device_fill.hpp>
 #include <ddp/error.hpp>
 #include <ddp/strategies/buffer_group.hpp>
 #include <ddp/strategies/buffer_strategy.hpp>
@@ -112,14 +113,10 @@ class custom {
     return std::move(*w);
   }
 
+  // A joined rank's zeros: on a device, enqueued on the communicator's stream before the collective.
   static void zero(const buffer_group& g) {
     for (const tensor_view& t : g.tensors) {
-      if (!t.where.is_host()) {
-        throw usage_error(g.comm.rank(), "BufferReducer join hook",
-                          "cannot zero " + g.describe() + " on " + t.where.str() +
-                              " for a joined rank; give the custom strategy the buffer_group form and fill it there");
-      }
-      if (t.count > 0) std::memset(t.data, 0, t.bytes());
+      ddp::detail::zero_fill(g.comm, t, "BufferReducer join hook", g.describe() + " for a joined rank");
     }
   }
 
