@@ -4,7 +4,7 @@
 #   include/ddp/...                      every public header, backends included
 #   share/cmake/ddp/ddpConfig.cmake      components = the backends this build exported
 #   share/cmake/ddp/ddpConfigVersion.cmake
-#   share/cmake/ddp/ddpTargets.cmake     ddp::ddp, ddp::mpi, ddp::nccl, ddp::gloo, ...
+#   share/cmake/ddp/ddpTargets.cmake     ddp::ddp, ddp::mpi, ddp::cuda, ddp::nccl, ...
 #   share/cmake/ddp/FindNCCL.cmake       NCCL ships no package config before 2.29.7
 #   bin/ddp-run                          the MPI launcher that survives mpiexec's teardown hang
 # The build tree gets the same files in ${PROJECT_BINARY_DIR}, so `-Dddp_DIR=<build dir>` works

@@ -1,17 +1,19 @@
 #pragma once
 /// @file comm_state.hpp
 /// @brief (detail) What an NCCL communicator and its pending work handles share: the ncclComm_t,
-/// the stream, and whether the communicator was aborted or revoked.
+/// the stream, the CUDA device runtime, and whether the communicator was aborted or revoked.
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include <ddp/cuda/runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/error.hpp>
 #include <ddp/nccl/event.hpp>
@@ -54,6 +56,7 @@ class comm_state {
   /// the destructor still releases what the earlier steps created. `comm` is set by the caller.
   /// @throws communication_error
   void acquire(std::string_view operation) {
+    runtime.emplace(rank);
     if (opts.stream != nullptr) {
       stream = opts.stream;
     } else {
@@ -144,6 +147,10 @@ class comm_state {
   event producer_done;     ///< recorded on a producer stream by enqueue_after
   event collectives_done;  ///< recorded on `stream` by stream_wait
   void* barrier_buffer = nullptr;
+  /// The device runtime of `device_queue()` (memory, copies and events ordered on `stream`) and of
+  /// host staging; set by `acquire`, re-made when `rank` changes (shrink) so errors name the rank.
+  /// Lives as long as the communicator or any of its work handles.
+  std::optional<cuda::runtime> runtime;
 
  private:
   void abort_locked(std::string why) noexcept {

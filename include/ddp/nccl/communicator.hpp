@@ -1,17 +1,35 @@
 #pragma once
 /// @file communicator.hpp
 /// @brief `ddp::nccl::communicator`: the NCCL backend, modelling `ddp::communicator` for tensors
-/// in CUDA memory.
+/// in CUDA memory, `ddp::device_communicator` (its collectives run on a CUDA stream) and
+/// `ddp::premul_sum_communicator` (`ncclRedOpCreatePreMulSum`).
 ///
-/// Stream semantics. Collectives are enqueued on the communicator's stream and return at once;
-/// the returned `work` completes when the collective completed on the device. Nothing in a
-/// trainer has to block the host: `stream_wait(compute)` makes a compute stream wait for the
-/// collectives issued so far, `enqueue_after(producer)` makes later collectives wait for the work
-/// queued on a producer stream (e.g. the backward pass that wrote the gradients).
+/// Stream semantics. Collectives over device tensors are enqueued on the communicator's stream
+/// and return at once. Nothing in a trainer has to block the host: `stream_wait(compute)` makes a
+/// compute stream wait for the collectives issued so far, `enqueue_after(producer)` makes later
+/// collectives wait for the work queued on a producer stream (e.g. the backward pass that wrote
+/// the gradients). `device_queue()` hands the same stream, with the communicator's
+/// `ddp::cuda::runtime`, to the components (Bucketer, BufferReducer, ...), which then order their
+/// copies on it around the collectives.
+///
+/// What "complete" means for a returned `work`: the collective completed on the device, i.e. the
+/// CUDA event recorded on the stream right after it was reached. Then the results are in the
+/// buffers, and the host may read them (after copying them off the device) or reuse the buffers
+/// after `wait()` / a true `test()`. Stream-ordered consumers need no host wait at all: work
+/// enqueued on `stream()` after the call, or on a stream after `stream_wait(that_stream)`, runs
+/// after the collective. Polling a work handle also surfaces NCCL's asynchronous errors.
+///
+/// Host tensors. A call whose tensors are all in host memory is staged: copied into device memory
+/// on the stream, reduced there, copied back, and waited for on the host, so it has completed
+/// when the call returns (a host synchronisation, which also waits for everything enqueued on the
+/// stream before it). It exists for the components' small control messages (layout checks, join
+/// bookkeeping, `bootstrap`'s agreement over another NCCL communicator): never use it for
+/// gradients. A call mixing host and device tensors is a usage_error.
 ///
 /// Threading. One communicator per rank and device; call it from one thread at a time (or from
 /// several threads that agree on the order). `abort()` may be called from any thread, e.g. a
-/// watchdog, and unblocks collectives waiting for dead peers.
+/// watchdog, and unblocks collectives waiting for dead peers. Several communicators (e.g. one per
+/// process group) may live in one process, each with its own stream and runtime.
 ///
 /// @code
 /// ddp::mpi::environment env(argc, argv);
@@ -27,8 +45,10 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +58,11 @@
 
 #include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
+#include <ddp/cuda/runtime.hpp>
+#include <ddp/detail/host_staging.hpp>
+#include <ddp/device.hpp>
+#include <ddp/device_runtime.hpp>
+#include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/collective_work.hpp>
 #include <ddp/nccl/comm_state.hpp>
@@ -140,12 +165,24 @@ class communicator {
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return state_->comm; }
   /// Number of collectives this rank has issued.
   [[nodiscard]] std::uint64_t issued() const noexcept { return seq_; }
+  /// Where the collectives run (`device_communicator`): this communicator's runtime, `stream()`
+  /// and `device()`. Valid as long as the communicator (or a work handle it returned) lives.
+  [[nodiscard]] ddp::device_queue device_queue() const noexcept {
+    return {&*state_->runtime, cuda::stream(state_->stream), ddp::device::cuda(state_->device)};
+  }
 
   /// In-place allreduce; several tensors are coalesced into one NCCL group (one launch).
   /// Tensors of one call may have different dtypes. `avg` uses `ncclAvg`.
-  /// @pre every tensor is CUDA memory on `device()`
-  /// @throws usage_error on a tensor elsewhere, or after abort()
+  /// @pre every tensor is CUDA memory on `device()`, or every tensor is host memory (staged and
+  ///      complete on return: see the file comment)
+  /// @throws usage_error on a tensor elsewhere, a call mixing host and device tensors, or after abort()
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
+    if (all_host(ts)) {
+      return staged(contract::check_allreduce(host_caller(), ts, op), [&](ddp::detail::host_staging& staging) {
+        const std::vector<tensor_view> on_device = stage_in_place(staging, ts, true);
+        return allreduce(on_device, op);
+      });
+    }
     const op_info info = contract::check_allreduce(caller(), ts, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
@@ -155,9 +192,53 @@ class communicator {
     });
   }
 
+  /// In-place sum in which every rank's floating-point values are first multiplied by `factor`
+  /// (`premul_sum_communicator`; the averaging rule of ddp/average.hpp): an
+  /// `ncclRedOpCreatePreMulSum` operator per floating-point tensor, its scalar `factor` converted
+  /// on the host to the tensor's dtype (NCCL takes the scalar in the dtype of the operator), and
+  /// destroyed once the call is enqueued. Integer tensors are summed as they are (`ncclSum`).
+  /// Several tensors are one NCCL group, like `allreduce`.
+  ///
+  /// Bits: f32 and f64 follow the rule exactly. For f16 and bf16 the factor is rounded to the
+  /// dtype itself (not to f32, the rule's compute type), so the result is the rule's whenever
+  /// `factor` is exact in the dtype, e.g. `1/d` for a power-of-two `d`.
+  /// Host tensors are staged as in `allreduce`.
+  /// @throws usage_error if `factor` is not finite, on a tensor elsewhere, a call mixing host and
+  ///   device tensors, or after abort()
+  work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) {
+    const bool host = all_host(ts);
+    const op_info info = contract::check_allreduce(host ? host_caller() : caller(), ts, reduce_op::sum);
+    if (!std::isfinite(factor)) {
+      throw usage_error(rank(), info.describe(), "the pre-multiplication factor is not finite");
+    }
+    if (host) {
+      return staged(info, [&](ddp::detail::host_staging& staging) {
+        const std::vector<tensor_view> on_device = stage_in_place(staging, ts, true);
+        return allreduce_premul_sum(on_device, factor);
+      });
+    }
+    return issue(info, [&](ncclComm_t comm, const std::string& what) {
+      // Declared before the group: the operators are destroyed after ncclGroupEnd.
+      premul_ops ops(comm, rank(), what, ts.size());
+      each_in_group(ts, what, comm, [&](const tensor_view& t) {
+        const ncclRedOp_t op = is_floating(t.type) ? ops.create(t.type, factor) : ncclSum;
+        check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), op, comm, stream()), rank(), what,
+                   "ncclAllReduce", comm);
+      });
+    });
+  }
+
   /// In-place broadcast from `root`; several tensors are coalesced into one NCCL group.
-  /// @throws usage_error on a bad root, a tensor elsewhere, or after abort()
+  /// Host tensors are staged as in `allreduce`.
+  /// @throws usage_error on a bad root, a tensor elsewhere, a call mixing host and device
+  ///   tensors, or after abort()
   work broadcast(std::span<const tensor_view> ts, int root) {
+    if (all_host(ts)) {
+      return staged(contract::check_broadcast(host_caller(), ts, root), [&](ddp::detail::host_staging& staging) {
+        const std::vector<tensor_view> on_device = stage_in_place(staging, ts, rank() == root);
+        return broadcast(on_device, root);
+      });
+    }
     const op_info info = contract::check_broadcast(caller(), ts, root);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
@@ -168,10 +249,19 @@ class communicator {
   }
 
   /// `out.count == in.count * size()`; rank r's `in` lands at `out[r * in.count]`. `in` may be
-  /// that very block of `out` (NCCL's in-place form); other overlaps are not allowed.
-  /// @throws usage_error on a dtype or size mismatch, another overlap, a tensor elsewhere, or
-  ///   after abort()
+  /// that very block of `out` (NCCL's in-place form); other overlaps are not allowed. Host
+  /// tensors are staged as in `allreduce`.
+  /// @throws usage_error on a dtype or size mismatch, another overlap, a tensor elsewhere, a
+  ///   call mixing host and device tensors, or after abort()
   work allgather(tensor_view in, tensor_view out) {
+    if (in.where.is_host() && out.where.is_host()) {
+      return staged(contract::check_allgather(host_caller(), in, out), [&](ddp::detail::host_staging& staging) {
+        // The output first: an in-place input is then a view of its device copy.
+        const tensor_view out_on_device = staging.stage(out, /*copy_in=*/false);
+        const tensor_view in_on_device = staging.stage(in, /*copy_in=*/true, /*copy_out=*/false);
+        return allgather(in_on_device, out_on_device);
+      });
+    }
     const op_info info = contract::check_allgather(caller(), in, out);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (in.count == 0) return;
@@ -182,9 +272,18 @@ class communicator {
 
   /// `in.count == out.count * size()`; rank r receives block r of the reduction. `in` and `out`
   /// must not overlap (as on every backend: NCCL's own in-place form is not part of the contract).
-  /// @throws usage_error on a dtype or size mismatch, overlapping tensors, a tensor elsewhere, or
-  ///   after abort()
+  /// Host tensors are staged as in `allreduce`.
+  /// @throws usage_error on a dtype or size mismatch, overlapping tensors, a tensor elsewhere, a
+  ///   call mixing host and device tensors, or after abort()
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
+    if (in.where.is_host() && out.where.is_host()) {
+      return staged(contract::check_reduce_scatter(host_caller(), in, out, op),
+                    [&](ddp::detail::host_staging& staging) {
+                      const tensor_view in_on_device = staging.stage(in, /*copy_in=*/true, /*copy_out=*/false);
+                      const tensor_view out_on_device = staging.stage(out, /*copy_in=*/false);
+                      return reduce_scatter(in_on_device, out_on_device, op);
+                    });
+    }
     const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (out.count == 0) return;
@@ -278,6 +377,7 @@ class communicator {
     }
     check_nccl(ncclCommUserRank(next->comm, &next->rank), rank(), operation, "ncclCommUserRank", next->comm);
     check_nccl(ncclCommCount(next->comm, &next->size), rank(), operation, "ncclCommCount", next->comm);
+    next->runtime.emplace(next->rank);  // its errors name the new rank
     return communicator(std::move(next));
   }
 #endif
@@ -287,6 +387,90 @@ class communicator {
 
   // The calling rank, for the contract checks (backend_contract.hpp): CUDA memory on device() only.
   [[nodiscard]] contract::caller caller() const { return {rank(), size(), seq_, timeout(), memory_on(device())}; }
+  // The same for a staged call: host memory only.
+  [[nodiscard]] contract::caller host_caller() const {
+    return {rank(), size(), seq_, timeout(), contract::memory_rule::host("a staged NCCL call")};
+  }
+
+  // True when a call's tensors are all host memory (and there is one): the call is staged.
+  [[nodiscard]] static bool all_host(std::span<const tensor_view> ts) noexcept {
+    if (ts.empty()) return false;
+    for (const tensor_view& t : ts) {
+      if (!t.where.is_host()) return false;
+    }
+    return true;
+  }
+
+  // Device copies of in-place tensors, each copied back by `finish`.
+  [[nodiscard]] static std::vector<tensor_view> stage_in_place(ddp::detail::host_staging& staging,
+                                                               std::span<const tensor_view> ts, bool copy_in) {
+    std::vector<tensor_view> on_device;
+    on_device.reserve(ts.size());
+    for (const tensor_view& t : ts) on_device.push_back(staging.stage(t, copy_in));
+    return on_device;
+  }
+
+  // A call over host tensors (see the file comment): `issue_staged(staging)` stages the tensors
+  // and issues the collective over their device copies on stream(); then the results are copied
+  // back and waited for. Complete on return: a ready work, or a failed one carrying the
+  // communication or timeout error. usage_errors (e.g. after abort()) are thrown.
+  template <class IssueStaged>
+  work staged(const op_info& info, IssueStaged&& issue_staged) {
+    (void)state_->usable_handle(info.describe());
+    try {
+      ddp::detail::host_staging staging(device_queue());
+      work collective = issue_staged(staging);
+      staging.finish(std::move(collective), info);
+      return work::ready();
+    } catch (const usage_error&) {
+      throw;
+    } catch (...) {
+      return work::failed(std::current_exception());
+    }
+  }
+
+  // The pre-multiplied-sum operators of one call, destroyed with this object (NCCL allows it as
+  // soon as the calls given them returned; destroying them after the group ended is safe also
+  // for NCCL releases that read the operator at ncclGroupEnd).
+  class premul_ops {
+   public:
+    premul_ops(ncclComm_t comm, int rank, const std::string& what, std::size_t capacity)
+        : comm_(comm), rank_(rank), what_(what) {
+      ops_.reserve(capacity);
+    }
+    premul_ops(const premul_ops&) = delete;
+    premul_ops& operator=(const premul_ops&) = delete;
+    ~premul_ops() {
+      for (const ncclRedOp_t op : ops_) (void)ncclRedOpDestroy(op, comm_);
+    }
+
+    // An operator multiplying by `factor` rounded to `type` (a floating dtype), kept until destruction.
+    ncclRedOp_t create(dtype type, double factor) {
+      switch (type) {
+        case dtype::f64: return create_with(type, factor);
+        case dtype::f32: return create_with(type, static_cast<float>(factor));
+        case dtype::f16: return create_with(type, half(static_cast<float>(factor)));
+        case dtype::bf16: return create_with(type, bfloat16(static_cast<float>(factor)));
+        default: break;
+      }
+      return ncclSum;  // integers: not reached (callers sum them as they are)
+    }
+
+   private:
+    template <class Scalar>
+    ncclRedOp_t create_with(dtype type, Scalar scalar) {
+      ncclRedOp_t op{};
+      check_nccl(ncclRedOpCreatePreMulSum(&op, &scalar, to_nccl(type), ncclScalarHostImmediate, comm_), rank_, what_,
+                 "ncclRedOpCreatePreMulSum", comm_);
+      ops_.push_back(op);  // capacity reserved: cannot throw
+      return op;
+    }
+
+    ncclComm_t comm_;
+    int rank_;
+    const std::string& what_;
+    std::vector<ncclRedOp_t> ops_;
+  };
 
   // Enqueues one call per non-empty tensor; more than one go into an NCCL group.
   template <class Enqueue>
@@ -346,5 +530,7 @@ class communicator {
 };
 
 static_assert(ddp::communicator<communicator>);
+static_assert(ddp::premul_sum_communicator<communicator>);
+static_assert(ddp::device_communicator<communicator>);
 
 }  // namespace ddp::nccl

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include <ddp/backend_contract.hpp>
+#include <ddp/cuda/device_guard.hpp>
 #include <ddp/device.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/error.hpp>
@@ -66,29 +67,14 @@ inline void require_device(int rank, int device, std::string_view operation,
   }
 }
 
-/// Makes `device` current for its lifetime and restores the caller's device afterwards, so the
-/// backend never changes the device a trainer thread works on.
-class device_guard {
- public:
-  /// @throws communication_error if the device cannot be queried or selected
-  device_guard(int device, int rank, std::string_view operation) {
-    check_cuda(cudaGetDevice(&previous_), rank, operation, "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), rank, operation, "cudaSetDevice");
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() {
-    int current = previous_;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
+/// Makes a device current for a scope (ddp/cuda/device_guard.hpp), under its old `ddp::nccl` name.
+using ddp::cuda::device_guard;
 
- private:
-  int previous_ = 0;
-};
-
-/// The memory the NCCL backend's collectives accept: CUDA memory of the communicator's `device`.
+/// The memory the NCCL backend's collectives accept on the device path: CUDA memory of the
+/// communicator's `device` (a call whose tensors are all host memory is staged instead).
 [[nodiscard]] constexpr contract::memory_rule memory_on(int device) noexcept {
-  return contract::memory_rule::cuda(device, "the NCCL backend", "the communicator's device");
+  return contract::memory_rule::cuda(device, "the NCCL backend",
+                                     "the communicator's device; or host memory for every tensor of a call, staged");
 }
 
 /// Checks that a collective's tensor is CUDA memory on the communicator's device (as declared by

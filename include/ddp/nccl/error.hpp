@@ -2,14 +2,18 @@
 /// @file error.hpp
 /// @brief Translation of NCCL and CUDA status codes into ddp exceptions. Every NCCL and CUDA
 /// call of the backend goes through `check_nccl` / `check_cuda`, so a failure always names the
-/// rank, the ddp operation and the library call, with the library's own explanation.
+/// rank, the ddp operation and the library call, with the library's own explanation. The CUDA
+/// half lives in ddp/cuda/error.hpp (`ddp::cuda::check_cuda`) and is available here under its
+/// `ddp::nccl` names.
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include <ddp/cuda/error.hpp>
 #include <ddp/error.hpp>
 
 namespace ddp::nccl {
@@ -34,13 +38,6 @@ namespace ddp::nccl {
   return {rank, std::move(operation), message};
 }
 
-/// The exception for a failed CUDA runtime call: "<call> failed: cudaErrorX: <cudaGetErrorString>".
-[[nodiscard]] inline communication_error make_cuda_error(cudaError_t status, int rank, std::string operation,
-                                                         std::string_view call) {
-  return {rank, std::move(operation),
-          std::string(call) + " failed: " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status)};
-}
-
 /// Throws `make_nccl_error(...)` unless `result` is `ncclSuccess`.
 /// @throws communication_error
 inline void check_nccl(ncclResult_t result, int rank, std::string_view operation, std::string_view call,
@@ -48,14 +45,8 @@ inline void check_nccl(ncclResult_t result, int rank, std::string_view operation
   if (result != ncclSuccess) throw make_nccl_error(result, rank, std::string(operation), call, comm);
 }
 
-/// Throws `make_cuda_error(...)` unless `status` is `cudaSuccess`. Clears CUDA's last-error slot
-/// first, so a later unrelated `cudaGetLastError()` does not report this failure again.
-/// @throws communication_error
-inline void check_cuda(cudaError_t status, int rank, std::string_view operation, std::string_view call) {
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw make_cuda_error(status, rank, std::string(operation), call);
-  }
-}
+/// The CUDA half (ddp/cuda/error.hpp), under the names the NCCL backend always used.
+using ddp::cuda::check_cuda;
+using ddp::cuda::make_cuda_error;
 
 }  // namespace ddp::nccl

@@ -1,0 +1,303 @@
+#pragma once
+/// @file runtime.hpp
+/// @brief `ddp::cuda::runtime`: the `ddp::device_runtime` over the CUDA runtime API (host
+/// compiler, no nvcc needed; link `ddp::cuda`), and the conversions between CUDA's handles and
+/// the runtime-neutral `device_stream` / `device_event`.
+///
+/// What each operation is:
+/// - `allocate` / `deallocate`: `cudaMallocAsync` / `cudaFreeAsync` on the stream (the device's
+///   default memory pool), with the target device current;
+/// - `copy`: one `cudaMemcpyBatchAsync` when the CUDA runtime has it (CUDA 13 and later) and the
+///   batch may run in any order (no copy writes memory another copy of the batch touches);
+///   otherwise one `cudaMemcpyAsync(..., cudaMemcpyDefault, stream)` per region, in order. Either
+///   side may be host or device memory (unified addressing);
+/// - `zero`: `cudaMemsetAsync`;
+/// - streams: `cudaStreamCreateWithFlags(cudaStreamNonBlocking)`, so they are not ordered after
+///   the legacy default stream (order them with events);
+/// - events: `cudaEventCreateWithFlags(cudaEventDisableTiming)`; `record` / `wait` / `query` /
+///   `synchronize` are `cudaEventRecord` / `cudaStreamWaitEvent` / `cudaEventQuery` /
+///   `cudaEventSynchronize`.
+///
+/// Calls that create something on a device make that device current for the call and restore the
+/// caller's device afterwards (`device_guard`); copies and fills select the device of their
+/// stream. Every failure is a `communication_error` naming the rank given at construction, the
+/// operation ("cuda::runtime::allocate") and the CUDA function with CUDA's explanation; on a
+/// machine without a driver or device the first call that needs one fails that way.
+///
+/// The runtime holds no state beyond its rank, so it is thread-safe and any number of them may
+/// exist in one process (the NCCL communicator owns one).
+///
+/// @code
+/// ddp::cuda::runtime rt(rank);
+/// const ddp::device gpu = ddp::device::cuda(0);
+/// ddp::device_stream s = rt.create_stream(gpu);
+/// void* p = rt.allocate(gpu, bytes, s);
+/// const ddp::copy_region up{p, host_data, bytes};
+/// rt.copy({&up, 1}, s);
+/// cudaStream_t native = ddp::cuda::native(s);  // for kernels of one's own
+/// @endcode
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ddp/cuda/device_guard.hpp>
+#include <ddp/cuda/error.hpp>
+#include <ddp/device.hpp>
+#include <ddp/device_runtime.hpp>
+#include <ddp/error.hpp>
+
+/// 1 when `cudaMemcpyBatchAsync` is used for copies of several regions: CUDA 13's signature (the
+/// one without `failIdx`; CUDA 12.8's differs and is not used). Predefine it to 0 to always copy
+/// region by region.
+#ifndef DDP_CUDA_HAS_MEMCPY_BATCH
+#if CUDART_VERSION >= 13000
+#define DDP_CUDA_HAS_MEMCPY_BATCH 1
+#else
+#define DDP_CUDA_HAS_MEMCPY_BATCH 0
+#endif
+#endif
+
+namespace ddp::cuda {
+
+/// `s` as a runtime-neutral stream handle (not owned).
+[[nodiscard]] inline device_stream stream(cudaStream_t s) noexcept { return device_stream{static_cast<void*>(s)}; }
+/// `e` as a runtime-neutral event handle (not owned).
+[[nodiscard]] inline device_event event(cudaEvent_t e) noexcept { return device_event{static_cast<void*>(e)}; }
+/// The CUDA stream behind `s` (null: the legacy default stream).
+[[nodiscard]] inline cudaStream_t native(device_stream s) noexcept { return static_cast<cudaStream_t>(s.native); }
+/// The CUDA event behind `e` (null: no event).
+[[nodiscard]] inline cudaEvent_t native(device_event e) noexcept { return static_cast<cudaEvent_t>(e.native); }
+
+namespace detail {
+
+/// True when no region's destination overlaps another region's source or destination (or its
+/// own source), so the copies may run in any order: the condition for one batched call. Empty
+/// regions take no part.
+[[nodiscard]] inline bool independent(std::span<const copy_region> regions) {
+  struct interval {
+    std::uintptr_t begin;
+    std::uintptr_t end;
+    bool write;
+  };
+  std::vector<interval> all;
+  all.reserve(2 * regions.size());
+  for (const copy_region& r : regions) {
+    if (r.bytes == 0) continue;
+    const auto d = reinterpret_cast<std::uintptr_t>(r.dst);
+    const auto s = reinterpret_cast<std::uintptr_t>(r.src);
+    all.push_back({d, d + r.bytes, true});
+    all.push_back({s, s + r.bytes, false});
+  }
+  std::sort(all.begin(), all.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
+  // Sweep by start: an interval overlaps an earlier-starting one iff it starts before that one's end.
+  std::uintptr_t end_any = 0;
+  std::uintptr_t end_write = 0;
+  for (const interval& i : all) {
+    if (i.begin < end_write || (i.write && i.begin < end_any)) return false;
+    end_any = std::max(end_any, i.end);
+    if (i.write) end_write = std::max(end_write, i.end);
+  }
+  return true;
+}
+
+}  // namespace detail
+
+/// The CUDA runtime API as a `ddp::device_runtime` (see the file comment).
+class runtime final : public device_runtime {
+ public:
+  /// A runtime whose errors name `rank`. Touches no device: a machine without one fails on the
+  /// first call that needs it, not here.
+  explicit runtime(int rank) noexcept : rank_(rank) {}
+
+  /// The rank its errors name.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+
+  /// "cuda".
+  [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
+
+  /// `cudaMallocAsync` on `stream` with `where` current (the stream must belong to `where`, or
+  /// be the legacy default stream). Null for 0 bytes.
+  /// @throws usage_error if `where` is not a CUDA device; communication_error if CUDA fails
+  [[nodiscard]] void* allocate(device where, std::size_t bytes, device_stream stream) override {
+    const char* const operation = "cuda::runtime::allocate";
+    require_cuda(where, operation);
+    if (bytes == 0) return nullptr;
+    device_guard on_device(where.index, rank_, operation);
+    void* memory = nullptr;
+    check_cuda(cudaMallocAsync(&memory, bytes, native(stream)), rank_, operation, "cudaMallocAsync");
+    return memory;
+  }
+
+  /// `cudaFreeAsync` on `stream`; null is ignored. Errors cannot be reported here and are dropped.
+  void deallocate(void* memory, device_stream stream) noexcept override {
+    if (memory == nullptr) return;
+    if (cudaFreeAsync(memory, native(stream)) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+  /// One `cudaMemcpyBatchAsync` for two or more non-empty regions that may run in any order (on
+  /// a stream other than the legacy default one, which the batch call refuses), otherwise one
+  /// `cudaMemcpyAsync(cudaMemcpyDefault)` per non-empty region, in order. The host memory of a
+  /// region must stay valid until the stream reached the copy.
+  /// @throws communication_error
+  void copy(std::span<const copy_region> regions, device_stream stream) override {
+    const char* const operation = "cuda::runtime::copy";
+    std::size_t non_empty = 0;
+    for (const copy_region& r : regions) non_empty += r.bytes > 0 ? 1 : 0;
+    if (non_empty == 0) return;
+    const stream_device_guard on_device(stream, rank_, operation);
+#if DDP_CUDA_HAS_MEMCPY_BATCH
+    if (non_empty > 1 && !is_legacy(stream) && detail::independent(regions)) {
+      std::vector<void*> dsts;
+      std::vector<const void*> srcs;
+      std::vector<std::size_t> sizes;
+      dsts.reserve(non_empty);
+      srcs.reserve(non_empty);
+      sizes.reserve(non_empty);
+      for (const copy_region& r : regions) {
+        if (r.bytes == 0) continue;
+        dsts.push_back(r.dst);
+        srcs.push_back(r.src);
+        sizes.push_back(r.bytes);
+      }
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      std::size_t first_copy = 0;
+      check_cuda(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), non_empty, &attributes, &first_copy, 1,
+                                      native(stream)),
+                 rank_, operation, "cudaMemcpyBatchAsync");
+      return;
+    }
+#endif
+    for (const copy_region& r : regions) {
+      if (r.bytes == 0) continue;
+      check_cuda(cudaMemcpyAsync(r.dst, r.src, r.bytes, cudaMemcpyDefault, native(stream)), rank_, operation,
+                 "cudaMemcpyAsync");
+    }
+  }
+
+  /// `cudaMemsetAsync(memory, 0, bytes)` on `stream`, with the stream's device current.
+  /// @throws communication_error
+  void zero(void* memory, std::size_t bytes, device_stream stream) override {
+    const char* const operation = "cuda::runtime::zero";
+    if (bytes == 0) return;
+    const stream_device_guard on_device(stream, rank_, operation);
+    check_cuda(cudaMemsetAsync(memory, 0, bytes, native(stream)), rank_, operation, "cudaMemsetAsync");
+  }
+
+  /// `cudaStreamCreateWithFlags(cudaStreamNonBlocking)` on `where`.
+  /// @throws usage_error if `where` is not a CUDA device; communication_error if CUDA fails
+  [[nodiscard]] device_stream create_stream(device where) override {
+    const char* const operation = "cuda::runtime::create_stream";
+    require_cuda(where, operation);
+    device_guard on_device(where.index, rank_, operation);
+    cudaStream_t s = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), rank_, operation, "cudaStreamCreateWithFlags");
+    return cuda::stream(s);
+  }
+
+  /// `cudaStreamDestroy` (CUDA releases the stream once its work completed); null is ignored.
+  void destroy_stream(device_stream stream) noexcept override {
+    if (stream.native == nullptr) return;
+    if (cudaStreamDestroy(native(stream)) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+  /// `cudaEventCreateWithFlags(cudaEventDisableTiming)` on `where`.
+  /// @throws usage_error if `where` is not a CUDA device; communication_error if CUDA fails
+  [[nodiscard]] device_event create_event(device where) override {
+    const char* const operation = "cuda::runtime::create_event";
+    require_cuda(where, operation);
+    device_guard on_device(where.index, rank_, operation);
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), rank_, operation, "cudaEventCreateWithFlags");
+    return cuda::event(e);
+  }
+
+  /// `cudaEventDestroy`; null is ignored.
+  void destroy_event(device_event event) noexcept override {
+    if (!event) return;
+    if (cudaEventDestroy(native(event)) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+  /// `cudaEventRecord(event, stream)`; event and stream must belong to the same device.
+  /// @throws communication_error
+  void record(device_event event, device_stream stream) override {
+    check_cuda(cudaEventRecord(native(event), native(stream)), rank_, "cuda::runtime::record", "cudaEventRecord");
+  }
+
+  /// `cudaStreamWaitEvent(stream, event)`: device-side, the host does not block.
+  /// @throws communication_error
+  void wait(device_stream stream, device_event event) override {
+    check_cuda(cudaStreamWaitEvent(native(stream), native(event), 0), rank_, "cuda::runtime::wait",
+               "cudaStreamWaitEvent");
+  }
+
+  /// `cudaEventQuery`: true on `cudaSuccess`, false on `cudaErrorNotReady`.
+  /// @throws communication_error on any other status (e.g. a failed kernel before the event)
+  [[nodiscard]] bool query(device_event event) override {
+    const cudaError_t status = cudaEventQuery(native(event));
+    if (status == cudaErrorNotReady) return false;
+    check_cuda(status, rank_, "cuda::runtime::query", "cudaEventQuery");
+    return true;
+  }
+
+  /// `cudaEventSynchronize`: blocks the host.
+  /// @throws communication_error
+  void synchronize(device_event event) override {
+    check_cuda(cudaEventSynchronize(native(event)), rank_, "cuda::runtime::synchronize", "cudaEventSynchronize");
+  }
+
+ private:
+  // Makes the device of a stream current for a copy or fill (the legacy default stream belongs
+  // to whatever device is current: nothing changes then). Without cudaStreamGetDevice (before
+  // CUDA 12.8) nothing changes either: copies then run on any stream, fills need it current.
+  class stream_device_guard {
+   public:
+    stream_device_guard(device_stream stream, int rank, std::string_view operation) {
+#if CUDART_VERSION >= 12080
+      if (is_legacy(stream)) return;
+      int device = 0;
+      check_cuda(cudaStreamGetDevice(native(stream), &device), rank, operation, "cudaStreamGetDevice");
+      check_cuda(cudaGetDevice(&previous_), rank, operation, "cudaGetDevice");
+      if (previous_ != device) {
+        check_cuda(cudaSetDevice(device), rank, operation, "cudaSetDevice");
+        switched_ = true;
+      }
+#else
+      (void)stream;
+      (void)rank;
+      (void)operation;
+#endif
+    }
+    stream_device_guard(const stream_device_guard&) = delete;
+    stream_device_guard& operator=(const stream_device_guard&) = delete;
+    ~stream_device_guard() {
+      if (switched_) (void)cudaSetDevice(previous_);
+    }
+
+   private:
+    int previous_ = 0;
+    bool switched_ = false;
+  };
+
+  // The legacy default stream: null or cudaStreamLegacy.
+  [[nodiscard]] static bool is_legacy(device_stream s) noexcept {
+    return s.native == nullptr || native(s) == cudaStreamLegacy;
+  }
+
+  void require_cuda(device where, const char* operation) const {
+    if (!where.is_cuda()) {
+      throw usage_error(rank_, operation, "the CUDA runtime needs a CUDA device, got " + where.str());
+    }
+  }
+
+  int rank_;
+};
+
+}  // namespace ddp::cuda
