@@ -15,6 +15,10 @@ namespace ddp {
 
 /// Owns one communicator of any backend and models `communicator` itself. Move-only. The
 /// collectives forward to the owned communicator; calling them on an empty object is undefined.
+///
+/// It also models `device_communicator`: `device_queue()` is the owned communicator's queue, or
+/// an empty one (null runtime) when it runs host collectives only or nothing is owned
+/// (`communicator_ref::has_device_queue()` is then false).
 class any_communicator {
  public:
   /// Empty: owns nothing (`bool(*this)` is false).
@@ -49,6 +53,11 @@ class any_communicator {
   }
   /// @copydoc allreduce
   work barrier() { return impl_->ref().barrier(); }
+  /// The owned communicator's runtime, stream and device (`device_communicator`); an empty queue
+  /// (null runtime) if it has none or nothing is owned.
+  [[nodiscard]] ddp::device_queue device_queue() const {
+    return impl_ ? impl_->ref().device_queue() : ddp::device_queue{};
+  }
   /// Aborts the owned communicator; a no-op when empty.
   void abort() noexcept {
     if (impl_) impl_->ref().abort();
@@ -77,5 +86,6 @@ class any_communicator {
 };
 
 static_assert(communicator<any_communicator>);
+static_assert(device_communicator<any_communicator>);
 
 }  // namespace ddp

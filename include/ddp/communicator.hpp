@@ -121,8 +121,10 @@ class communicator_ref {
   }
   /// True if the referenced backend copies every input into its own memory (file comment).
   [[nodiscard]] bool stages_input() const { return vt_->stages_input != nullptr && vt_->stages_input(obj_); }
-  /// True if the referenced backend runs its collectives on a device stream (`device_communicator`).
-  [[nodiscard]] bool has_device_queue() const noexcept { return vt_->device_queue != nullptr; }
+  /// True if the referenced backend runs its collectives on a device stream now: it models
+  /// `device_communicator` and its queue has a runtime (a wrapper such as `any_communicator` or
+  /// the Manager reports an empty queue when what it forwards to has none).
+  [[nodiscard]] bool has_device_queue() const { return device_queue().runtime != nullptr; }
   /// The referenced backend's runtime, stream and device; an empty queue (null runtime) if it has none.
   [[nodiscard]] ddp::device_queue device_queue() const {
     return vt_->device_queue != nullptr ? vt_->device_queue(obj_) : ddp::device_queue{};

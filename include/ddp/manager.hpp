@@ -24,7 +24,9 @@
 ///   receive every registered state tensor and scalar from the up-to-date members, streamed in
 ///   chunks by broadcast, chunk k from source k mod (number of sources). A final allgather of
 ///   state hashes proves every member holds the same bits. Healing completes inside
-///   `start_quorum()`, before the step's collectives.
+///   `start_quorum()`, before the step's collectives. State tensors may be in device memory when
+///   the factory builds device communicators (NCCL: nccl/manager_factory.hpp): the broadcasts
+///   run on the device, and the hash reads the tensors back through `device_queue()`.
 /// - **Commit**: `should_commit()` is true on every member iff nobody saw an error in the step and
 ///   at least `min_replicas` took part. The step counter only advances on commit.
 ///
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -41,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +57,7 @@
 #include <ddp/detail/fnv1a.hpp>
 #include <ddp/detail/describe_exception.hpp>
 #include <ddp/detail/host_reduce.hpp>
+#include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/store.hpp>
@@ -340,6 +345,13 @@ class Manager {
   work barrier() {
     return forward([&] { return comm_.barrier(); }, "barrier");
   }
+  /// The current quorum's device queue (`device_communicator`): its runtime, stream and device;
+  /// an empty queue (null runtime) between quorums or over a host communicator. It changes with
+  /// every quorum (each has its own communicator and stream): a component that reads it once
+  /// (a Bucketer, at construction) sees only the queue of that moment.
+  [[nodiscard]] ddp::device_queue device_queue() const {
+    return comm_ ? comm_.device_queue() : ddp::device_queue{};
+  }
   /// Aborts the current quorum's communicator; the next `start_quorum()` forms a new one.
   void abort() noexcept {
     if (comm_) comm_.abort();
@@ -497,6 +509,10 @@ class Manager {
           span.set("size", size_);
           return;
         }
+      } catch (const state_placement_error&) {  // the same on every attempt: fail now
+        if (comm_) comm_.abort();
+        comm_ = any_communicator();
+        throw;
       } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
         last_problem = e.what();
       }
@@ -548,6 +564,7 @@ class Manager {
     }
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
     comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
+    check_state_placement();
     exchange_and_heal();
     // Keys of older generations are garbage now (gloo keys are write-once anyway).
     if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/");
@@ -567,9 +584,63 @@ class Manager {
     return n;
   }
 
-  [[nodiscard]] std::uint64_t state_hash() const {
+  // A device state tensor needs a device communicator: it is healed by the communicator's
+  // collectives and read back for the hash through its device queue.
+  class state_placement_error final : public usage_error {
+   public:
+    using usage_error::usage_error;
+  };
+  void check_state_placement() const {
+    const auto ts = tensors_();
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].where.is_host()) continue;
+      const ddp::device_queue q = comm_.device_queue();
+      if (q.runtime == nullptr) {
+        throw state_placement_error(
+            rank_, "Manager quorum " + std::to_string(generation_),
+            "state tensor " + std::to_string(i) + " is on " + ts[i].where.str() +
+                ", but the communicator the factory built has no device queue (device_queue()) to heal and "
+                "hash it with: build a device communicator, or register host tensors");
+      }
+      return;
+    }
+  }
+
+  // FNV-1a over the state's bytes, the scalars and the step. Device tensors are copied to the
+  // host first, chunk by chunk, on the communicator's stream (after the healing broadcasts).
+  [[nodiscard]] std::uint64_t state_hash() {
     std::uint64_t h = detail::fnv1a_offset_basis;
-    for (const auto& t : tensors_()) h = detail::fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
+    const auto ts = tensors_();
+    std::vector<std::byte> host;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      const tensor_view& t = ts[i];
+      if (t.where.is_host()) {
+        h = detail::fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
+        continue;
+      }
+      const ddp::device_queue q = comm_.device_queue();
+      if (q.runtime == nullptr) {
+        throw usage_error(rank_, "Manager healing",
+                          "state tensor " + std::to_string(i) + " is on " + t.where.str() +
+                              ", but the quorum's communicator has no device queue to read it with");
+      }
+      const std::size_t chunk = std::max<std::size_t>(1, opts_.heal_chunk_bytes);
+      host.resize(std::min(chunk, t.bytes()));
+      const device_event done = q.runtime->create_event(q.where);
+      struct event_guard {
+        device_runtime* rt;
+        device_event e;
+        ~event_guard() { rt->destroy_event(e); }
+      } guard{q.runtime, done};
+      for (std::size_t off = 0; off < t.bytes(); off += chunk) {
+        const std::size_t n = std::min(chunk, t.bytes() - off);
+        const copy_region r{host.data(), t.byte_data() + off, n};
+        q.runtime->copy(std::span<const copy_region>(&r, 1), q.stream);
+        q.runtime->record(done, q.stream);
+        q.runtime->synchronize(done);
+        h = detail::fnv1a(std::span<const std::byte>(host.data(), n), h);
+      }
+    }
     h = detail::fnv1a(std::as_bytes(scalars_()), h);
     return detail::fnv1a_object(step_, h);
   }
@@ -710,5 +781,6 @@ class Manager {
 };
 
 static_assert(communicator<Manager>);
+static_assert(device_communicator<Manager>);
 
 }  // namespace ddp

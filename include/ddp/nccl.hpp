@@ -8,6 +8,7 @@
 #include <ddp/nccl/error.hpp>
 #include <ddp/nccl/features.hpp>
 #include <ddp/nccl/group_guard.hpp>
+#include <ddp/nccl/manager_factory.hpp>
 #include <ddp/nccl/options.hpp>
 #include <ddp/nccl/types.hpp>
 #include <ddp/nccl/unique_id.hpp>

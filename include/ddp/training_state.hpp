@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include <ddp/error.hpp>
 #include <ddp/tensor.hpp>
 
 namespace ddp {
@@ -29,19 +28,16 @@ concept transferable_state = requires(S& s) {
 /// A list of tensors (any tensor type) and int64 scalars that make up a replica's training state.
 class training_state {
  public:
-  /// Registers a tensor (parameters, buffers, optimizer moments, ...). Host memory.
+  /// Registers a tensor (parameters, buffers, optimizer moments, ...), in host or device memory.
   template <tensor T>
   training_state& add(T& t) {
     return add(view(t));
   }
-  /// Registers a tensor given as a view; returns `*this` so calls chain.
-  /// @throws usage_error if `v` is not in host memory
+  /// Registers a tensor given as a view; returns `*this` so calls chain. Device tensors are
+  /// healed through the Manager's communicator, which must then be a device communicator on
+  /// their device (its `device_queue()` also copies them to the host for the state hash); their
+  /// contents must be settled (no writes pending on other streams) when `start_quorum()` runs.
   training_state& add(tensor_view v) {
-    if (!v.where.is_host()) {
-      throw usage_error(-1, "training_state::add",
-                        "tensor " + std::to_string(tensors_.size()) + " is on " + v.where.str() +
-                            "; state transfer needs host memory");
-    }
     tensors_.push_back(v);
     return *this;
   }

@@ -5,9 +5,13 @@
 
 #include <ddp/local/communicator.hpp>
 #include <ddp/nccl.hpp>
+#include <ddp/nccl/manager_factory.hpp>
+#include <ddp/stores/memory_store.hpp>
+#include <ddp/stores/prefix_store.hpp>
 
 #include <algorithm>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 using Catch::Matchers::Contains;
@@ -51,6 +55,44 @@ TEST_CASE("share_unique_id gives every rank of another backend the root's id", "
   }
   CHECK_THROWS_AS(ddp::local::run(2, [](ddp::local::communicator& c) { (void)ddp::nccl::share_unique_id(c, 2); }),
                   ddp::usage_error);
+}
+
+TEST_CASE("share_unique_id through a store gives every rank rank 0's id", "[nccl][runtime]") {
+  ddp::stores::memory_store store;
+  ddp::store_ref base(store);
+  ddp::stores::prefix_store<ddp::store_ref> gen(base, "job/g3/comm/");
+  std::vector<ddp::nccl::unique_id> ids(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { ids[static_cast<std::size_t>(r)] = ddp::nccl::share_unique_id(gen, r); });
+  }
+  for (auto& t : threads) t.join();
+  CHECK_FALSE(ids[0] == ddp::nccl::unique_id{});
+  CHECK(ids[0] == ids[1]);
+  CHECK(ids[1] == ids[2]);
+  CHECK(store.get("job/g3/comm/nccl_unique_id").has_value());
+  // Nobody publishes: a timeout naming the rank and the key.
+  CHECK_THROWS_WITH(ddp::nccl::share_unique_id(gen, 1, "other_id", std::chrono::milliseconds(20)),
+                    Contains("rank 1") && Contains("'other_id'"));
+}
+
+TEST_CASE("nccl::manager_factory builds a communicator_factory for the Manager", "[nccl][runtime]") {
+  const ddp::communicator_factory factory = ddp::nccl::manager_factory(0, {.timeout = std::chrono::seconds(5)});
+  REQUIRE(factory);
+  ddp::stores::memory_store store;
+  ddp::store_ref base(store);
+  ddp::stores::prefix_store<ddp::store_ref> comm_store(base, "g1/comm/");
+  const ddp::quorum_info q{1, 0, 1, {"solo"}, ddp::store_ref(comm_store)};
+  if (ddp::nccl::visible_devices().count == 0) {
+    // The id is shared, then creation fails with the clear no-device error.
+    CHECK_THROWS_AS(factory(q), ddp::usage_error);
+    CHECK(store.get("g1/comm/nccl_unique_id").has_value());
+  } else {
+    ddp::any_communicator c = factory(q);
+    CHECK(c.size() == 1);
+    CHECK(c.device_queue().runtime != nullptr);  // the device capability survives the type erasure
+    c.abort();
+  }
 }
 
 TEST_CASE("visible_devices never throws and reports 0 with a reason when there is no device", "[nccl][runtime]") {

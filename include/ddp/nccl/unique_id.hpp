@@ -1,22 +1,29 @@
 #pragma once
 /// @file unique_id.hpp
 /// @brief The 128-byte token that names one NCCL clique, and its distribution over any ddp
-/// communicator (MPI, gloo, local...), so creating an NCCL communicator needs no MPI code.
+/// communicator (MPI, gloo, local...) or through a rendezvous store, so creating an NCCL
+/// communicator needs no MPI code.
 
 #include <nccl.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <ddp/communicator.hpp>
+#include <ddp/detail/store_token.hpp>
 #include <ddp/error.hpp>
 #include <ddp/nccl/error.hpp>
 #include <ddp/reduce_op.hpp>
+#include <ddp/store.hpp>
+#include <ddp/work.hpp>
 
 namespace ddp::nccl {
 
@@ -80,6 +87,29 @@ struct unique_id {
   }
   unique_id id;
   std::memcpy(id.native.internal, message.data() + 1, NCCL_UNIQUE_ID_BYTES);
+  return id;
+}
+
+/// Rank 0 generates a unique id and publishes it under `key` in `store`; every other rank waits
+/// up to `timeout` for it (detail/store_token.hpp). No communicator is needed: this is how the
+/// Manager's NCCL factory (nccl/manager_factory.hpp) bootstraps each quorum through
+/// `quorum_info::store`, a namespace of its own for every generation. `key` must not hold an id
+/// of an earlier clique: use a fresh namespace (or key) per clique.
+/// @param rank  this rank in the clique to be created (0 generates)
+/// @throws timeout_error if rank 0 did not publish the id within `timeout` (names rank and key)
+/// @throws communication_error if the stored value is not an id (wrong size), or rank 0 could not
+///   generate one
+[[nodiscard]] inline unique_id share_unique_id(store_ref store, int rank, std::string_view key = "nccl_unique_id",
+                                               std::chrono::milliseconds timeout = default_timeout) {
+  const std::vector<std::byte> bytes = ddp::detail::share_store_token(
+      store, rank, key, NCCL_UNIQUE_ID_BYTES,
+      [rank] {
+        const unique_id id = unique_id::generate(rank);
+        return std::vector<std::byte>(id.bytes().begin(), id.bytes().end());
+      },
+      timeout, "nccl::share_unique_id");
+  unique_id id;
+  std::memcpy(id.native.internal, bytes.data(), NCCL_UNIQUE_ID_BYTES);
   return id;
 }
 
