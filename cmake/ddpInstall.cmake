@@ -43,7 +43,7 @@ endif()
 
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/ddp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-        FILES_MATCHING PATTERN "*.hpp")
+        FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 install(PROGRAMS "${PROJECT_SOURCE_DIR}/scripts/ddp-run" DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(TARGETS ${DDP_EXPORTED_TARGETS} EXPORT ddpTargets)
 install(EXPORT ddpTargets

@@ -26,6 +26,8 @@ struct device {
 
   /// Memberwise: equal when kind and ordinal are equal; ordered by kind, then ordinal.
   friend constexpr auto operator<=>(const device&, const device&) = default;
+  /// Memberwise (implied by `<=>`; declared because nvcc 13 does not define the implied one).
+  friend constexpr bool operator==(const device&, const device&) = default;
 
   /// "host" or "cuda:<index>".
   [[nodiscard]] std::string str() const { return is_host() ? "host" : "cuda:" + std::to_string(index); }

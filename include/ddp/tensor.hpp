@@ -66,10 +66,19 @@ struct tensor_view {
 template <class T, class Enable = void>
 struct tensor_traits {};
 
-/// Contiguous sized ranges of element types are tensors out of the box (host memory).
+namespace detail {
+/// A contiguous sized range of an element type whose elements are mutable.
 template <class R>
-requires std::ranges::contiguous_range<R> && std::ranges::sized_range<R> && element<std::ranges::range_value_t<R>> &&
-    (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)struct tensor_traits<R> {
+concept element_range = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+    element<std::ranges::range_value_t<R>> &&
+    (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>);
+}  // namespace detail
+
+/// Contiguous sized ranges of element types are tensors out of the box (host memory).
+/// (Selected through `Enable`, not a requires-clause: nvcc 13's front end stops matching a
+/// constrained partial specialisation here once the `tensor` concept instantiated it once.)
+template <class R>
+struct tensor_traits<R, std::enable_if_t<detail::element_range<R>>> {
   using value_type = std::ranges::range_value_t<R>;  ///< element type of the range
   /// A borrowed, copyable range (`std::span<float>`) is a view: its copies share the elements.
   static constexpr bool is_handle = std::ranges::borrowed_range<R> && std::copyable<R>;

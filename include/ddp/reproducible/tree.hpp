@@ -34,6 +34,8 @@ struct node {
   std::size_t index = 0;  ///< position among the nodes of its level, left to right
   /// Memberwise; nodes order by level, then index.
   friend constexpr auto operator<=>(const node&, const node&) = default;
+  /// Memberwise (implied by `<=>`; declared because nvcc 13 does not define the implied one).
+  friend constexpr bool operator==(const node&, const node&) = default;
 };
 
 /// The reduction tree over `leaves` micro-batches (see the file description). A small value type.
