@@ -303,8 +303,10 @@ class Bucketer {
                         "the communicator runs its collectives on host memory: a compute stream is for device "
                         "gradients over a device communicator (ddp::nccl::communicator)");
     }
+    std::lock_guard lk(mutex_);
     compute_ = stream;
     has_compute_ = true;
+    if (built_.load()) order_compute_after_comm();
   }
 
   /// Device gradient `i` was written by the work that `produced` captured (an event the trainer
@@ -318,7 +320,8 @@ class Bucketer {
                             ", but this Bucketer's gradients are in host memory: call mark_ready(i)");
     }
     if (!produced) {
-      throw usage_error(comm_.rank(), "Bucketer::mark_ready", "an empty event was passed for gradient " + std::to_string(i));
+      throw usage_error(comm_.rank(), "Bucketer::mark_ready",
+                        "an empty event was passed for gradient " + std::to_string(i));
     }
     mark_ready_impl(i, produced);
   }
@@ -377,7 +380,6 @@ class Bucketer {
   }
 
  public:
-
   /// End of the backward pass: launches what is left (zeros for unused gradients if enabled),
   /// waits for every bucket and writes the averaged gradients back. After it returns, all
   /// registered gradients hold the same bits on every rank.
@@ -439,7 +441,6 @@ class Bucketer {
   }
 
  public:
-
   /// RAII scope in which iterations only accumulate locally (no communication). The next
   /// synchronised iteration averages the accumulated gradients.
   class [[nodiscard]] no_sync_scope {
@@ -794,6 +795,9 @@ class Bucketer {
     if (opts_.zero_copy && on_rebind_) {
       for (std::size_t i = 0; i < entries_.size(); ++i) on_rebind_(i, slot(entries_[i]));
     }
+    // Device buckets were allocated (and zero-copy gradients carried over) on the comm stream:
+    // the trainer's kernels on the compute stream may write into them only after that.
+    if (dq_.runtime != nullptr && done_event_.get()) order_compute_after_comm();
   }
 
   // One allgather of (gradient count, total elements, fingerprint) per rank. Only if the ranks
@@ -1085,6 +1089,13 @@ class Bucketer {
     ready_events_.clear();
     for (std::size_t i = 0; i < entries_.size(); ++i) ready_events_.emplace_back(*dq_.runtime, dq_.where);
     done_event_ = detail::device_event_owner(*dq_.runtime, dq_.where);
+  }
+
+  // Work enqueued on the compute stream from now on runs after the work on the comm stream so far.
+  void order_compute_after_comm() {
+    if (!has_compute_) return;
+    dq_.runtime->record(done_event_.get(), dq_.stream);
+    dq_.runtime->wait(compute_, done_event_.get());
   }
 
   // mark_ready of device gradient i: the comm stream waits for the gradient's producer (the event

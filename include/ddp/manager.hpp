@@ -349,9 +349,7 @@ class Manager {
   /// an empty queue (null runtime) between quorums or over a host communicator. It changes with
   /// every quorum (each has its own communicator and stream): a component that reads it once
   /// (a Bucketer, at construction) sees only the queue of that moment.
-  [[nodiscard]] ddp::device_queue device_queue() const {
-    return comm_ ? comm_.device_queue() : ddp::device_queue{};
-  }
+  [[nodiscard]] ddp::device_queue device_queue() const { return comm_ ? comm_.device_queue() : ddp::device_queue{}; }
   /// Aborts the current quorum's communicator; the next `start_quorum()` forms a new one.
   void abort() noexcept {
     if (comm_) comm_.abort();

@@ -119,8 +119,8 @@ inline void bucketer_copy_path(ddp::communicator_ref host) {
     for (std::size_t i = grads.size(); i-- > 0;) b.mark_ready(i);
     b.finalize();
     d.rt.run_ready();
-    SUITE_EXPECT(d.rt.host_syncs() == syncs, "step " << t << ": the step synchronised the host "
-                                                     << d.rt.host_syncs() - syncs << " time(s)");
+    SUITE_EXPECT(d.rt.host_syncs() == syncs,
+                 "step " << t << ": the step synchronised the host " << d.rt.host_syncs() - syncs << " time(s)");
     for (const auto& g : grads) {
       SUITE_EXPECT(g.data[0] == -1.0F, "step " << t << ": a gradient changed before its kernel ran");
     }
@@ -137,8 +137,8 @@ inline void bucketer_copy_path(ddp::communicator_ref host) {
     for (std::size_t g = 0; g < grads.size(); ++g) {
       for (std::size_t k = 0; k < grads[g].count; ++k) {
         const float want = average_of(host.size(), g, k, t);
-        SUITE_EXPECT(close(grads[g].data[k], want), "step " << t << ", gradient " << g << "[" << k
-                                                       << "]: " << grads[g].data[k] << ", want " << want);
+        SUITE_EXPECT(close(grads[g].data[k], want),
+                     "step " << t << ", gradient " << g << "[" << k << "]: " << grads[g].data[k] << ", want " << want);
       }
     }
     SUITE_EXPECT(b.last_step().iteration == static_cast<std::uint64_t>(t + 1), "iteration count");
@@ -306,8 +306,9 @@ inline void join_on_device(ddp::communicator_ref host) {
       d.sync_compute();
       std::fill(biggest.data, biggest.data + biggest.count, static_cast<float>(rank + 1));
       buffers.sync();
-      SUITE_EXPECT(biggest.data[0] == static_cast<float>(size), "step " << t << ": max over the ranks, joined ones "
-                                                                        "contributing the identity: "
+      SUITE_EXPECT(biggest.data[0] == static_cast<float>(size), "step " << t
+                                                                        << ": max over the ranks, joined ones "
+                                                                           "contributing the identity: "
                                                                         << biggest.data[0]);
       d.rt.launch(d.compute, [&] { std::fill(grad.data, grad.data + grad.count, 1.0F); });
       b.mark_ready(0);
@@ -315,8 +316,8 @@ inline void join_on_device(ddp::communicator_ref host) {
       d.sync_compute();
       // Every training rank contributes 1, joined ones 0: the round's divisor decides the value.
       const float want = static_cast<float>(round.training) / static_cast<float>(round.divisor());
-      SUITE_EXPECT(close(grad.data[0], want), "step " << t << ": gradient " << grad.data[0] << ", want " << want
-                                                 << " (" << round.training << " training)");
+      SUITE_EXPECT(close(grad.data[0], want), "step " << t << ": gradient " << grad.data[0] << ", want " << want << " ("
+                                                      << round.training << " training)");
       d.rt.launch(d.compute, [&] {  // the optimizer: ranks that train longer move further
         for (std::size_t k = 0; k < param.count; ++k) param.data[k] -= grad.data[k] + static_cast<float>(rank);
       });

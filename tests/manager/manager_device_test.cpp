@@ -136,8 +136,8 @@ struct cluster {
         // This replica's gradient: a function of the parameters, its id and the step.
         std::vector<float> p = params.download(), g(dim);
         for (std::size_t k = 0; k < dim; ++k) {
-          g[k] = p[k] - std::cos(static_cast<float>(replica) + 0.3f * static_cast<float>(m.step()) +
-                                 static_cast<float>(k));
+          g[k] = p[k] -
+                 std::cos(static_cast<float>(replica) + 0.3f * static_cast<float>(m.step()) + static_cast<float>(k));
         }
         grad.upload(g);
         const ddp::tensor_view gv = grad.view();

@@ -122,7 +122,8 @@ TEST_CASE("share_store_token: a value of the wrong size is an error naming both 
   const auto bad = fake_token(100, 2);
   store.set("id", bad);
   try {
-    (void)ddp::detail::share_store_token(store, 1, "id", 128, [] { return fake_token(128, 1); }, 1s, "test share");
+    (void)ddp::detail::share_store_token(
+        store, 1, "id", 128, [] { return fake_token(128, 1); }, 1s, "test share");
     FAIL("no error");
   } catch (const ddp::communication_error& e) {
     const std::string what = e.what();
@@ -133,9 +134,9 @@ TEST_CASE("share_store_token: a value of the wrong size is an error naming both 
     CHECK(what.find("expected 128") != std::string::npos);
   }
   // Rank 0 refuses to publish a generated token of the wrong size.
-  CHECK_THROWS_AS(
-      ddp::detail::share_store_token(store, 0, "id2", 128, [] { return fake_token(5, 1); }, 1s, "test share"),
-      ddp::usage_error);
+  CHECK_THROWS_AS(ddp::detail::share_store_token(
+                      store, 0, "id2", 128, [] { return fake_token(5, 1); }, 1s, "test share"),
+                  ddp::usage_error);
   CHECK_FALSE(store.get("id2").has_value());
 }
 
@@ -144,8 +145,8 @@ TEST_CASE("share_store_token: a failing generator on rank 0 fails the others at 
   const auto start = std::chrono::steady_clock::now();
   const auto o = run_ranks(3, [&](int r) {
     return ddp::detail::share_store_token(
-        store, r, "id", 8,
-        []() -> std::vector<std::byte> { throw std::runtime_error("no bootstrap interface"); }, 20s, "test share");
+        store, r, "id", 8, []() -> std::vector<std::byte> { throw std::runtime_error("no bootstrap interface"); }, 20s,
+        "test share");
   });
   CHECK(std::chrono::steady_clock::now() - start < 10s);
   CHECK(o.errors[0].find("no bootstrap interface") != std::string::npos);

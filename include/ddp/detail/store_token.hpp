@@ -48,7 +48,7 @@ template <class Generate>
     } catch (...) {
       try {
         store.set(k, std::span<const std::byte>());  // tell the others: no token is coming
-      } catch (...) {  // the original error matters more
+      } catch (...) {                                // the original error matters more
       }
       throw;
     }
