@@ -95,7 +95,10 @@ struct unique_id {
 /// Manager's NCCL factory (nccl/manager_factory.hpp) bootstraps each quorum through
 /// `quorum_info::store`, a namespace of its own for every generation. `key` must not hold an id
 /// of an earlier clique: use a fresh namespace (or key) per clique.
-/// @param rank  this rank in the clique to be created (0 generates)
+/// @param store    where the id is published (a fresh namespace per clique)
+/// @param rank     this rank in the clique to be created (0 generates)
+/// @param key      the key of the id in `store`
+/// @param timeout  how long ranks other than 0 wait for the id
 /// @throws timeout_error if rank 0 did not publish the id within `timeout` (names rank and key)
 /// @throws communication_error if the stored value is not an id (wrong size), or rank 0 could not
 ///   generate one
