@@ -28,9 +28,12 @@
 #include <vector>
 
 #include <ddp/bucketer.hpp>
+#include <ddp/buffer_reducer.hpp>
 #include <ddp/cuda/runtime.hpp>
 #include <ddp/device_runtime.hpp>
+#include <ddp/join.hpp>
 #include <ddp/nccl.hpp>
+#include <ddp/strategies/allreduce.hpp>
 
 #include "gpu_support.hpp"
 #include "gpu_test.hpp"
@@ -349,6 +352,64 @@ GPU_CASE("bucketer.zero_copy") {
 }
 
 // ---- two NCCL communicators in one process ----------------------------------------------------
+
+GPU_CASE("buffer_reducer.mean_broadcast_max") {
+  gpu_test::on_ranks(gpu_test::gpu_ranks(), [](ddp::nccl::communicator& c, int r) {
+    const int n = c.size();
+    device_buffer<float> mean(r, 6), from_root(r, 4), biggest(r, 3);
+    ddp::BufferReducer buffers(c);
+    buffers.add(mean.view(), ddp::strategies::allreduce_mean{});
+    buffers.add(from_root.view());
+    buffers.add(biggest.view(), ddp::strategies::allreduce_max{});
+    buffers.build();  // the fingerprint allgather is a host collective: staged through the device
+    for (int t = 0; t < 2; ++t) {
+      const float offset = static_cast<float>(t);
+      mean.upload(values_of<float>(6, r, offset));
+      from_root.upload(std::vector<float>(4, static_cast<float>(r + 10 * t)));
+      biggest.upload(std::vector<float>(3, static_cast<float>(r * (t + 1))));
+      buffers.sync();  // the host waits for the collectives (completed on the device)
+      CHECK_VALUES(mean.download(), 1e-6f, [&](std::size_t i) { return averaged(n, i, offset); });
+      CHECK_VALUES(from_root.download(), 0.0f, [&](std::size_t) { return static_cast<float>(10 * t); });
+      CHECK_VALUES(biggest.download(), 0.0f, [&](std::size_t) { return static_cast<float>((n - 1) * (t + 1)); });
+    }
+  });
+}
+
+GPU_CASE("join.uneven_inputs_on_device") {
+  gpu_test::on_ranks(gpu_test::gpu_ranks(), [](ddp::nccl::communicator& c, int r) {
+    device_buffer<float> param(r, std::vector<float>(16, 0.0f)), grad(r, 16);
+    ddp::Bucketer<> bk(c);
+    bk.add(param.view(), grad.view());
+    stream_holder compute;
+    bk.set_compute_stream(compute.handle());
+    const int batches = 2 + r;  // rank r runs out of data after 2 + r batches
+    {
+      ddp::JoinContext join({}, bk);
+      for (int t = 0; t < batches; ++t) {
+        const ddp::join_round& round = join.notify();
+        const std::vector<float> ones(16, 1.0f);
+        cuda_ok(cudaMemcpyAsync(grad.data(), ones.data(), 16 * sizeof(float), cudaMemcpyHostToDevice, compute.get()),
+                "cudaMemcpyAsync");
+        bk.mark_ready(0);
+        bk.finalize();
+        compute.sync();
+        // Training ranks contribute 1, joined ones shadow with device zeros.
+        const float want = static_cast<float>(round.training) / static_cast<float>(round.divisor());
+        CHECK_VALUES(grad.download(), 1e-6f, [&](std::size_t) { return want; });
+        std::vector<float> p = param.download();
+        for (float& v : p) v -= 1.0f + static_cast<float>(r);  // ranks that train longer move further
+        param.upload(p);
+      }
+      join.finish();  // the final broadcast of the device parameters from the authoritative rank
+    }
+    // Every rank ends with the same parameters.
+    std::vector<float> mine = param.download();
+    device_buffer<float> all(r, 16 * static_cast<std::size_t>(c.size()));
+    ddp::communicator_ref(c).allgather(param.view(), all.view()).wait();
+    const std::vector<float> every = all.download();
+    for (std::size_t i = 0; i < every.size(); ++i) GPU_CHECK(every[i] == mine[i % 16]);
+  });
+}
 
 GPU_CASE("nccl.two_communicators_one_process") {
   gpu_test::on_ranks_two_comms(
