@@ -8,7 +8,10 @@
 //   ./fault_tolerant_training --store redis   a redis-server this program starts on loopback
 //
 // No mpirun: the program starts its trainers itself (`--trainer <id> ...`), like a job launcher.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -164,6 +168,60 @@ std::optional<std::string> find_on_path(const std::string& name) {
   return std::nullopt;
 }
 
+// A loopback port the kernel just handed out (bind to port 0): free at this instant.
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+bool accepts_connections(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Starts redis-server on a free loopback port and waits until it accepts connections; (pid, port).
+// Another process may take the port between our probe and redis's bind (redis then exits): try
+// again on a new port, up to 5 times.
+std::optional<std::pair<pid_t, int>> start_redis(const std::string& exe, const std::string& dir) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = free_loopback_port();
+    if (port == 0) continue;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string p = std::to_string(port);
+      ::execl(exe.c_str(), exe.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+              "--dir", dir.c_str(), static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    if (pid < 0) return std::nullopt;
+    for (int i = 0; i < 500; ++i) {  // up to 5 s on a busy machine
+      if (accepts_connections(port)) return std::make_pair(pid, port);
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) break;  // it exited: the port was taken
+      std::this_thread::sleep_for(10ms);
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  return std::nullopt;
+}
+
 int launch(const std::string& self, config c) {
   c.dir = (std::filesystem::temp_directory_path() / ("ddp-ft-" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(c.dir);
@@ -174,15 +232,13 @@ int launch(const std::string& self, config c) {
       std::printf("SKIP: redis-server not found\n");
       return 0;
     }
-    c.redis_port = 20000 + ::getpid() % 20000;
-    redis = ::fork();
-    if (redis == 0) {
-      const std::string port = std::to_string(c.redis_port);
-      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-              "no", "--dir", c.dir.c_str(), static_cast<char*>(nullptr));
-      std::_Exit(127);
+    const auto started = start_redis(*exe, c.dir);
+    if (!started) {
+      std::printf("launcher: redis-server did not start (5 tries on free loopback ports)\n");
+      return 1;
     }
-    std::this_thread::sleep_for(300ms);
+    redis = started->first;
+    c.redis_port = started->second;
   }
   std::printf("launcher: %d trainers over gloo, %s store; r1 will be killed and restarted\n", replicas,
               c.store.c_str());
