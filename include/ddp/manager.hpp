@@ -57,6 +57,7 @@
 #include <ddp/detail/fnv1a.hpp>
 #include <ddp/detail/describe_exception.hpp>
 #include <ddp/detail/host_reduce.hpp>
+#include <ddp/detail/device_buffer.hpp>
 #include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
@@ -590,52 +591,35 @@ class Manager {
   };
   void check_state_placement() const {
     const auto ts = tensors_();
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      if (ts[i].where.is_host()) continue;
-      const ddp::device_queue q = comm_.device_queue();
-      if (q.runtime == nullptr) {
-        throw state_placement_error(
-            rank_, "Manager quorum " + std::to_string(generation_),
-            "state tensor " + std::to_string(i) + " is on " + ts[i].where.str() +
-                ", but the communicator the factory built has no device queue (device_queue()) to heal and "
-                "hash it with: build a device communicator, or register host tensors");
-      }
-      return;
-    }
+    const auto on_device = std::find_if(ts.begin(), ts.end(), [](const tensor_view& t) { return !t.where.is_host(); });
+    if (on_device == ts.end() || comm_.device_queue().runtime != nullptr) return;
+    throw state_placement_error(rank_, "Manager quorum " + std::to_string(generation_),
+                                "state tensor " + std::to_string(on_device - ts.begin()) + " is on " +
+                                    on_device->where.str() +
+                                    ", but the communicator the factory built has no device queue (device_queue()) "
+                                    "to heal and hash it with: build a device communicator, or register host tensors");
   }
 
   // FNV-1a over the state's bytes, the scalars and the step. Device tensors are copied to the
   // host first, chunk by chunk, on the communicator's stream (after the healing broadcasts).
   [[nodiscard]] std::uint64_t state_hash() {
     std::uint64_t h = detail::fnv1a_offset_basis;
-    const auto ts = tensors_();
     std::vector<std::byte> host;
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      const tensor_view& t = ts[i];
+    for (const tensor_view& t : tensors_()) {
       if (t.where.is_host()) {
         h = detail::fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
         continue;
       }
-      const ddp::device_queue q = comm_.device_queue();
-      if (q.runtime == nullptr) {
-        throw usage_error(rank_, "Manager healing",
-                          "state tensor " + std::to_string(i) + " is on " + t.where.str() +
-                              ", but the quorum's communicator has no device queue to read it with");
-      }
+      const ddp::device_queue q = comm_.device_queue();  // present: check_state_placement()
       const std::size_t chunk = std::max<std::size_t>(1, opts_.heal_chunk_bytes);
       host.resize(std::min(chunk, t.bytes()));
-      const device_event done = q.runtime->create_event(q.where);
-      struct event_guard {
-        device_runtime* rt;
-        device_event e;
-        ~event_guard() { rt->destroy_event(e); }
-      } guard{q.runtime, done};
+      const detail::device_event_owner done(*q.runtime, q.where);
       for (std::size_t off = 0; off < t.bytes(); off += chunk) {
         const std::size_t n = std::min(chunk, t.bytes() - off);
         const copy_region r{host.data(), t.byte_data() + off, n};
         q.runtime->copy(std::span<const copy_region>(&r, 1), q.stream);
-        q.runtime->record(done, q.stream);
-        q.runtime->synchronize(done);
+        q.runtime->record(done.get(), q.stream);
+        q.runtime->synchronize(done.get());
         h = detail::fnv1a(std::span<const std::byte>(host.data(), n), h);
       }
     }
