@@ -161,6 +161,28 @@ DDP_SHM_INLINE inline void combine2(C* __restrict acc, const C* __restrict a, co
   for (std::size_t i = whole; i < n; ++i) acc[i] = apply<Op>(a[i], b[i]);
 }
 
+/// acc = (a * factor) op (b * factor), each product rounded to C before `op` (the bits of a
+/// scaling pass followed by the reduction, in one pass).
+template <reduce_op Op, class C>
+DDP_SHM_INLINE inline void combine2_scaled(C* __restrict acc, const C* __restrict a, const C* __restrict b, C factor,
+                                           std::size_t n) noexcept {
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = apply<Op>(C(a[i + j] * factor), C(b[i + j] * factor));
+  }
+  for (std::size_t i = whole; i < n; ++i) acc[i] = apply<Op>(C(a[i] * factor), C(b[i] * factor));
+}
+
+/// acc = acc op (in * factor), the product rounded to C first.
+template <reduce_op Op, class C>
+DDP_SHM_INLINE inline void combine_scaled(C* __restrict acc, const C* __restrict in, C factor, std::size_t n) noexcept {
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[i + j] = apply<Op>(acc[i + j], C(in[i + j] * factor));
+  }
+  for (std::size_t i = whole; i < n; ++i) acc[i] = apply<Op>(acc[i], C(in[i] * factor));
+}
+
 /// acc /= divisor: floating point divides (no reciprocal: the same rounding as everywhere else
 /// in ddp); integers truncate toward zero.
 template <class C>
@@ -200,6 +222,16 @@ DDP_SHM_INLINE inline void scale_block(T* __restrict out, const T* __restrict in
   }
 }
 
+/// Whether a product and the sum after it may share one loop. Not where the compiler may fuse
+/// them into one fused multiply-add (a different rounding): GCC contracts across statements when
+/// the target has FMA (`__FP_FAST_FMA*`, e.g. -march=native, AArch64); the pass through L1 is
+/// kept there. The AVX2 entry point below enables no FMA, so it never contracts.
+#if defined(__FP_FAST_FMA) || defined(__FP_FAST_FMAF)
+inline constexpr bool fused_scaling = false;
+#else
+inline constexpr bool fused_scaling = true;
+#endif
+
 template <class T, reduce_op Op>
 DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in, int k, std::size_t n,
                                             std::int64_t divisor, double factor) noexcept {
@@ -228,6 +260,16 @@ DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in,
       for (int q = 1; q < k; ++q) {
         widen(wide, input(q), m);
         combine<Op>(acc, wide, m);
+      }
+    } else if (scaling && fused_scaling) {
+      // One pass per input (products rounded to T, then reduced): f32 pre-multiplied sums at the
+      // speed of plain sums (measured: the staged form below cost 19% on 2 ranks).
+      const T f = static_cast<T>(factor);
+      if (k == 1) {
+        scale_block(acc, in[0] + b, m, factor);
+      } else {
+        combine2_scaled<Op>(acc, in[0] + b, in[1] + b, f, m);
+        for (int q = 2; q < k; ++q) combine_scaled<Op>(acc, in[q] + b, f, m);
       }
     } else if (k == 1 || scaling) {
       std::memcpy(acc, input(0), m * sizeof(T));
