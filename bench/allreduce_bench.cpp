@@ -72,6 +72,7 @@ int run(const bench::cli& args) {
   opts.ring_segment_bytes = args.bytes_or("--ring-segment-bytes", opts.ring_segment_bytes);
   opts.recursive_doubling_max_bytes =
       args.bytes_or("--recursive-doubling-max-bytes", opts.recursive_doubling_max_bytes);
+  opts.halving_doubling_max_bytes = args.bytes_or("--halving-doubling-max-bytes", opts.halving_doubling_max_bytes);
 
   auto comm = ddp::mpi::communicator::world(opts);
   MPI_Comm raw = MPI_COMM_NULL;  // the raw variants get their own duplicate, like ddp
@@ -109,10 +110,12 @@ int run(const bench::cli& args) {
     const double ddp_s = bench::median(t[2]);
     const bool ring = bytes >= comm.ring_threshold();
     const bool doubling = !ring && bytes < std::min(opts.recursive_doubling_max_bytes, comm.ring_threshold());
+    const bool halving = !ring && !doubling && bytes < opts.halving_doubling_max_bytes;
     const auto gbs = [&](double sec) { return static_cast<double>(bytes) / sec * bus_factor / 1e9; };
     table.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes),
                std::string(ring       ? "ring"
                            : doubling ? "recursive doubling"
+                           : halving  ? "halving-doubling"
                                       : "iallreduce"),
                std::int64_t{iters}, raw_s * 1e6, nb_s * 1e6, ddp_s * 1e6, ddp_s / raw_s, (ddp_s - raw_s) * 1e6,
                gbs(raw_s), gbs(ddp_s)});
@@ -141,7 +144,8 @@ int main(int argc, char** argv) {
          {"--budget", "BYTES", "bytes per repetition, sets iterations per size (default 64MiB)"},
          {"--ring-min-bytes", "BYTES|never", "ddp option ring_min_bytes"},
          {"--ring-segment-bytes", "BYTES", "ddp option ring_segment_bytes"},
-         {"--recursive-doubling-max-bytes", "BYTES", "ddp option recursive_doubling_max_bytes (0: never)"}});
+         {"--recursive-doubling-max-bytes", "BYTES", "ddp option recursive_doubling_max_bytes (0: never)"},
+         {"--halving-doubling-max-bytes", "BYTES", "ddp option halving_doubling_max_bytes (0: never)"}});
     if (args.help_requested()) {
       args.print_help(std::cout);
       return 0;

@@ -186,7 +186,8 @@ int run_measure(const bench::cli& args) {
   // ddp's shared-memory level copies at memcpy speed, with the one-way latency as its barrier.
   ddp::machine_model m_shm = m;
   m_shm.node = {alpha_us, copy_us / static_cast<double>(big)};
-  const std::array<allreduce_algorithm, 3> mpi_paths{allreduce_algorithm::recursive_doubling,
+  const std::array<allreduce_algorithm, 4> mpi_paths{allreduce_algorithm::recursive_doubling,
+                                                     allreduce_algorithm::halving_doubling,
                                                      allreduce_algorithm::binomial_tree, allreduce_algorithm::ring};
 
   ddp::mpi::options ring_always;
@@ -194,12 +195,17 @@ int run_measure(const bench::cli& args) {
   auto ring = ddp::mpi::communicator::world(ring_always);
   auto doubling = ddp::mpi::communicator::world(
       {.ring_min_bytes = ddp::mpi::options::never, .recursive_doubling_max_bytes = std::size_t{1} << 30});
+  auto halving = ddp::mpi::communicator::world({.ring_min_bytes = ddp::mpi::options::never,
+                                                .recursive_doubling_max_bytes = 0,
+                                                .halving_doubling_max_bytes = std::size_t{1} << 30});
   auto shm = ddp::world(env);
 
   bench::table t({{"bytes"},
                   {"size"},
                   {"ddp rd us", 2},
                   {"model rd", 2},
+                  {"ddp hd us", 2},
+                  {"model hd", 2},
                   {"MPI_Iallreduce us", 2},
                   {"model tree", 2},
                   {"ddp ring us", 2},
@@ -207,13 +213,14 @@ int run_measure(const bench::cli& args) {
                   {"MPI_Allreduce us", 2},
                   {"ddp shm us", 2},
                   {"model hier", 2},
-                  {"fastest of the first three"},
-                  {"model's pick of rd, tree, ring"}});
+                  {"fastest of rd, hd, tree, ring"},
+                  {"model's pick"}});
   for (std::uint64_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
     std::vector<float> buf(bytes / 4, 0.0f);
     const int n = static_cast<int>(buf.size());
     const int iters = static_cast<int>(std::clamp<std::uint64_t>((std::uint64_t{32} << 20) / bytes, 1, 500));
     const double t_rd = timed(c, iters, reps, [&] { doubling.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
+    const double t_hd = timed(c, iters, reps, [&] { halving.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double t_nb = timed(c, iters, reps,
                               [&] {
                                 MPI_Request req = MPI_REQUEST_NULL;
@@ -226,10 +233,14 @@ int run_measure(const bench::cli& args) {
         timed(c, iters, reps, [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, c); }) * 1e6;
     const double t_shm = timed(c, iters, reps, [&] { shm.allreduce(buf, ddp::reduce_op::sum).wait(); }) * 1e6;
     const double nb = static_cast<double>(bytes);
-    const double best = std::min({t_rd, t_nb, t_ring});
-    const std::string measured_best = best == t_rd ? "recursive doubling" : best == t_nb ? "tree" : "ring";
+    const double best = std::min({t_rd, t_hd, t_nb, t_ring});
+    const std::string measured_best = best == t_rd   ? "recursive doubling"
+                                      : best == t_hd ? "halving-doubling"
+                                      : best == t_nb ? "tree"
+                                                     : "ring";
     t.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), t_rd,
-           ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, nb, ranks, m), t_nb,
+           ddp::predicted_allreduce_us(allreduce_algorithm::recursive_doubling, nb, ranks, m), t_hd,
+           ddp::predicted_allreduce_us(allreduce_algorithm::halving_doubling, nb, ranks, m), t_nb,
            ddp::predicted_allreduce_us(allreduce_algorithm::binomial_tree, nb, ranks, m), t_ring,
            ddp::predicted_allreduce_us(allreduce_algorithm::ring, nb, ranks, m), t_blocking, t_shm,
            ddp::predicted_allreduce_us(allreduce_algorithm::hierarchical, nb, ranks, m_shm), measured_best,

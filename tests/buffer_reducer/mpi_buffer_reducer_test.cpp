@@ -78,7 +78,8 @@ TEST_CASE("mpi: a rank that does not sync costs the others one timeout for all g
   constexpr auto timeout = std::chrono::milliseconds(400);
   // MPI_Iallreduce (not ddp's recursive doubling, which moves only when tested): MPI completes
   // the leaked requests once the late rank joins, below.
-  auto comm = ddp::mpi::communicator::world({.timeout = timeout, .recursive_doubling_max_bytes = 0});
+  auto comm = ddp::mpi::communicator::world(
+      {.timeout = timeout, .recursive_doubling_max_bytes = 0, .halving_doubling_max_bytes = 0});
   // Deliberately never freed: after a timeout MPI may still write the buffers (the leaked
   // requests complete once the late rank joins, below).
   auto& a = *new std::vector<float>(5, 1.0f);

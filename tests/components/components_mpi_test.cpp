@@ -56,7 +56,8 @@ TEST_CASE("Bucketer over MPI: a rank that does not finalize costs the others one
   constexpr auto timeout = std::chrono::milliseconds(400);
   // MPI_Iallreduce (not ddp's recursive doubling, which moves only when tested): MPI completes
   // the leaked requests once the late rank joins, below.
-  auto comm = ddp::mpi::communicator::world({.timeout = timeout, .recursive_doubling_max_bytes = 0});
+  auto comm = ddp::mpi::communicator::world(
+      {.timeout = timeout, .recursive_doubling_max_bytes = 0, .halving_doubling_max_bytes = 0});
   if (comm.size() < 2) return;
   // Deliberately never freed: after a timeout MPI may still write the buckets and gradients
   // (the leaked requests complete once the late rank joins, below).

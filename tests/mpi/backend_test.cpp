@@ -144,7 +144,8 @@ TEST_CASE("mpi: abort fails pending work and forbids further use, without MPI_Ab
 TEST_CASE("mpi: after abort, work a peer never joins fails within one shared timeout", "[mpi][abort]") {
   // Through MPI_Iallreduce, whose leaked requests MPI itself completes when the peers join later
   // (ddp's own algorithms move only when tested: an aborted rank's part would never run).
-  auto comm = ddp::mpi::communicator::world({.timeout = 2s, .recursive_doubling_max_bytes = 0});
+  auto comm = ddp::mpi::communicator::world(
+      {.timeout = 2s, .recursive_doubling_max_bytes = 0, .halving_doubling_max_bytes = 0});
   if (comm.size() < 2) return;
   // Deliberately never freed: rank 0's leaked requests complete when the peers join later.
   auto& bufs = *new std::vector<std::vector<float>>(3, std::vector<float>(8, 1.0f));
@@ -303,7 +304,8 @@ TEST_CASE("mpi: at MPI_THREAD_SERIALIZED, several threads may drive one communic
 TEST_CASE("mpi: a collective a peer never joins times out, naming it, and is leaked", "[mpi][timeout]") {
   // MPI_Iallreduce: MPI completes rank 0's leaked request when the peers join late (ddp's own
   // algorithms move only when tested).
-  auto comm = ddp::mpi::communicator::world({.timeout = 300ms, .recursive_doubling_max_bytes = 0});
+  auto comm = ddp::mpi::communicator::world(
+      {.timeout = 300ms, .recursive_doubling_max_bytes = 0, .halving_doubling_max_bytes = 0});
   if (comm.size() < 2) {
     // Alone, every collective completes at once.
     std::vector<float> v(3, 2.0f);
@@ -353,7 +355,7 @@ TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compa
   os << o;
   CHECK(os.str() ==
         "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, recursive_doubling_max_bytes: 4096, "
-        "ring_segment_bytes: 4194304}");
+        "halving_doubling_max_bytes: unbounded, ring_segment_bytes: 4194304}");
 }
 
 TEST_CASE("mpi: communicators are independent; destroying one with work in flight is safe", "[mpi]") {

@@ -112,6 +112,12 @@ class comm_state {
     if (size_ < 2) return 0;
     return std::min({options_.recursive_doubling_max_bytes, ring_threshold(), std::size_t{INT_MAX}});
   }
+  /// Allreduce groups from recursive_doubling_limit() up to below this many bytes run ddp's
+  /// halving-doubling (see options::halving_doubling_max_bytes); never above the ring's threshold.
+  [[nodiscard]] std::size_t halving_doubling_limit() const noexcept {
+    if (size_ < 2) return 0;
+    return std::min({options_.halving_doubling_max_bytes, ring_threshold(), std::size_t{INT_MAX}});
+  }
   /// Thread level in effect: what MPI provides, capped by `options::max_thread_level`.
   [[nodiscard]] thread_level level() const noexcept { return level_; }
   /// True if this communicator locks around its MPI calls.

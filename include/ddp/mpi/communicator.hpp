@@ -11,8 +11,9 @@
 /// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
 ///   2+ tensors is copied into one staging buffer and reduced by one collective. The algorithm
 ///   goes by the group's size: below `options::recursive_doubling_max_bytes` ddp's recursive
-///   doubling, from `ring_threshold()` up ddp's ring, MPI_Iallreduce between (see
-///   recursive_doubling.hpp, ring_allreduce.hpp and docs/allreduce-model.md for why).
+///   doubling, from `ring_threshold()` up ddp's ring, between them ddp's halving-doubling below
+///   `options::halving_doubling_max_bytes` and MPI_Iallreduce above (see recursive_doubling.hpp,
+///   halving_doubling.hpp, ring_allreduce.hpp and docs/allreduce-model.md for why).
 /// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
@@ -269,8 +270,9 @@ class communicator {
     }
   }
 
-  // Allreduce of one contiguous region in place: ring or MPI_Iallreduce (in chunks of at most
-  // INT_MAX elements). `avg` divides on completion (the ring divides by itself).
+  // Allreduce of one contiguous region in place: ddp's ring, recursive doubling or
+  // halving-doubling, or MPI_Iallreduce (in chunks of at most INT_MAX elements). `avg` divides on
+  // completion (ddp's own algorithms divide by themselves).
   void allreduce_region(detail::comm_state& s, detail::mpi_work& w, tensor_view region, reduce_op op) {
     if (region.count == 0) return;
     if (region.bytes() >= s.ring_threshold()) {
@@ -279,6 +281,10 @@ class communicator {
     }
     if (region.bytes() < s.recursive_doubling_limit()) {
       w.add_recursive_doubling(region, op);
+      return;
+    }
+    if (region.bytes() < s.halving_doubling_limit()) {
+      w.add_halving_doubling(region, op);
       return;
     }
     const MPI_Datatype type = s.types().datatype(region.type);

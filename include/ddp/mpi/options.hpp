@@ -41,6 +41,12 @@ struct options {
   /// ring for the latency and summing speed measured here (docs/allreduce-model.md).
   std::size_t recursive_doubling_max_bytes = std::size_t{4} << 10;
 
+  /// Allreduces from recursive doubling's limit up to below this many bytes (per dtype group,
+  /// and below the ring's threshold, so on 3+ ranks) run ddp's halving-doubling (a reduce-scatter
+  /// by recursive halving, then an allgather by recursive doubling: the ring's bytes in
+  /// `2 log2 P` messages; halving_doubling.hpp) instead of MPI_Iallreduce. 0: never.
+  std::size_t halving_doubling_max_bytes = std::numeric_limits<std::size_t>::max();
+
   /// Message size of the ring: blocks are sent in segments of this many bytes, and a ring holds
   /// two segments of scratch memory. Clamped to [element size, INT_MAX]. 4 MiB measured best on
   /// 2 ranks from 4 to 16 MiB allreduces (1 MiB segments: 1.1-1.5x slower than MPI_Allreduce).
@@ -66,8 +72,13 @@ struct options {
     } else {
       os << o.ring_min_bytes;
     }
-    return os << ", recursive_doubling_max_bytes: " << o.recursive_doubling_max_bytes
-              << ", ring_segment_bytes: " << o.ring_segment_bytes << "}";
+    os << ", recursive_doubling_max_bytes: " << o.recursive_doubling_max_bytes << ", halving_doubling_max_bytes: ";
+    if (o.halving_doubling_max_bytes == never) {
+      os << "unbounded";
+    } else {
+      os << o.halving_doubling_max_bytes;
+    }
+    return os << ", ring_segment_bytes: " << o.ring_segment_bytes << "}";
   }
 };
 

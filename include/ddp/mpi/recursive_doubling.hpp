@@ -35,16 +35,12 @@ class recursive_doubling_allreduce final : public p2p_allreduce {
   /// ranks. Posts nothing yet. `info` must outlive this; `stream` as for the ring.
   recursive_doubling_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op,
                                std::uint64_t stream)
-      : comm_(comm),
-        info_(info),
+      : p2p_allreduce(comm, info, region.type, op, stream),
         data_(region.byte_data()),
         count_(region.count),
-        type_(region.type),
         bytes_(region.bytes()),
-        op_(op),
         ranks_(comm.size()),
-        me_(comm.rank()),
-        tag_(comm.tag_for(info.seq, stream)) {
+        me_(comm.rank()) {
     while (pow2_ * 2 <= ranks_) pow2_ *= 2;
     scratch_ = comm.take_scratch(2 * bytes_, scratch_capacity_);
     if (me_ >= pow2_) {
@@ -57,9 +53,6 @@ class recursive_doubling_allreduce final : public p2p_allreduce {
   }
 
   ~recursive_doubling_allreduce() override { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
-
-  recursive_doubling_allreduce(const recursive_doubling_allreduce&) = delete;
-  recursive_doubling_allreduce& operator=(const recursive_doubling_allreduce&) = delete;
 
   bool progress() override {
     while (phase_ != phase::done) {
@@ -87,16 +80,16 @@ class recursive_doubling_allreduce final : public p2p_allreduce {
 
   void post() {
     posted_ = true;
-    const int n = static_cast<int>(bytes_);
+    const std::size_t n = bytes_;
     switch (phase_) {
-      case phase::fold_out: isend(data_, n, me_ - pow2_); break;
-      case phase::back: irecv(data_, n, me_ - pow2_); break;
-      case phase::fold_in: irecv(scratch(), n, me_ + pow2_); break;
-      case phase::fold_back: isend(data_, n, me_ + pow2_); break;
+      case phase::fold_out: isend(data_, n, me_ - pow2_, send_); break;
+      case phase::back: irecv(data_, n, me_ - pow2_, recv_); break;
+      case phase::fold_in: irecv(scratch(), n, me_ + pow2_, recv_); break;
+      case phase::fold_back: isend(data_, n, me_ + pow2_, send_); break;
       case phase::exchange: {
         const int partner = me_ ^ distance_;
-        irecv(scratch(), n, partner);
-        isend(data_, n, partner);  // `data_` is not written until both completed
+        irecv(scratch(), n, partner, recv_);
+        isend(data_, n, partner, send_);  // `data_` is not written until both completed
         break;
       }
       case phase::done: break;
@@ -130,64 +123,18 @@ class recursive_doubling_allreduce final : public p2p_allreduce {
     if (partner > me_) {  // mine is the left operand: reduce into a copy of mine
       std::byte* mine = scratch() + bytes_;
       std::memcpy(mine, data_, bytes_);
-      reduce(mine, scratch());  // scratch = mine op scratch
+      reduce(mine, scratch(), count_);  // scratch = mine op scratch
       std::memcpy(data_, scratch(), bytes_);
     } else {
-      reduce(scratch(), data_);  // data = received op data
+      reduce(scratch(), data_, count_);  // data = received op data
     }
   }
 
-  // inout[i] = in[i] op inout[i] (MPI_Reduce_local's order), with the communicator's operators.
-  void reduce(const std::byte* in, std::byte* inout) {
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Reduce_local(in, inout, static_cast<int>(count_), comm_.types().datatype(type_),
-                            comm_.types().op(type_, op_));
-    }
-    check(rc, info_, "MPI_Reduce_local");
-  }
-
-  void isend(const std::byte* from, int n, int to) {
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Isend(from, n, MPI_BYTE, to, tag_, comm_.comm(), &send_);
-    }
-    check(rc, info_, "MPI_Isend");
-  }
-
-  void irecv(std::byte* into, int n, int from) {
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Irecv(into, n, MPI_BYTE, from, tag_, comm_.comm(), &recv_);
-    }
-    check(rc, info_, "MPI_Irecv");
-  }
-
-  bool test(MPI_Request& r) {
-    if (r == MPI_REQUEST_NULL) return true;
-    int flag = 0;
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-    }
-    check(rc, info_, "MPI_Test");
-    return flag != 0;
-  }
-
-  comm_state& comm_;
-  const op_info& info_;
   std::byte* data_;
   std::size_t count_;
-  dtype type_;
   std::size_t bytes_;
-  reduce_op op_;
   int ranks_;
   int me_;
-  int tag_;
   int pow2_ = 1;
   int distance_ = 1;
   bool posted_ = false;

@@ -36,16 +36,12 @@ class ring_allreduce final : public p2p_allreduce {
   /// 2+ ranks. Posts nothing yet. `info` names the operation in errors and must outlive this.
   /// `stream` tells apart the rings of one operation (< comm_state::streams_per_op).
   ring_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op, std::uint64_t stream)
-      : comm_(comm),
-        info_(info),
+      : p2p_allreduce(comm, info, region.type, op, stream),
         data_(region.byte_data()),
         count_(region.count),
-        type_(region.type),
         elem_(size_of(region.type)),
-        op_(op),
         ranks_(comm.size()),
-        me_(comm.rank()),
-        tag_(comm.tag_for(info.seq, stream)) {
+        me_(comm.rank()) {
     // Every rank derives the same segmentation from (count, ranks, options): the options must
     // agree across ranks, like the calls themselves.
     const std::size_t seg_bytes = std::clamp<std::size_t>(comm.options().ring_segment_bytes, elem_, INT_MAX);
@@ -56,9 +52,6 @@ class ring_allreduce final : public p2p_allreduce {
 
   /// Returns the scratch memory to the communicator (never runs for a leaked ring).
   ~ring_allreduce() override { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
-
-  ring_allreduce(const ring_allreduce&) = delete;
-  ring_allreduce& operator=(const ring_allreduce&) = delete;
 
   /// Tests this rank's messages, reduces what arrived and posts the next step's messages.
   /// Returns true once the allreduce completed here. Throws `mpi_error`.
@@ -118,40 +111,9 @@ class ring_allreduce final : public p2p_allreduce {
   }
   [[nodiscard]] int ring_index(int i) const noexcept { return ((i % ranks_) + ranks_) % ranks_; }
 
-  bool test(MPI_Request& r) {
-    if (r == MPI_REQUEST_NULL) return true;
-    int flag = 0;
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-    }
-    check(rc, info_, "MPI_Test");
-    return flag != 0;
-  }
-
-  // into[i] = from[i] (op) into[i] through MPI_Reduce_local: MPI's vectorised kernels for
-  // native types (measured 4-7x faster than a loop compiled at -O2 that the compiler did not
-  // vectorise), the communicator's own operators for f16/bf16.
-  void reduce(const std::byte* from, std::byte* into, std::size_t count) {
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Reduce_local(from, into, static_cast<int>(count), comm_.types().datatype(type_),
-                            comm_.types().op(type_, op_));
-    }
-    check(rc, info_, "MPI_Reduce_local");
-  }
-
   void post_recv(std::size_t k) {
     void* into = phase_ == phase::reduce_scatter ? scratch_slot(k) : at(recv_block_, k);
-    const int bytes = static_cast<int>(segment_count(recv_block_, k) * elem_);
-    int rc = MPI_SUCCESS;
-    {
-      call_guard guard(comm_);
-      rc = MPI_Irecv(into, bytes, MPI_BYTE, ring_index(me_ - 1), tag_, comm_.comm(), &recvs_[k]);
-    }
-    check(rc, info_, "MPI_Irecv");
+    irecv(into, segment_count(recv_block_, k) * elem_, ring_index(me_ - 1), recvs_[k]);
   }
 
   // Step s of reduce-scatter: send block me-s right, receive block me-s-1 from the left and
@@ -170,15 +132,8 @@ class ring_allreduce final : public p2p_allreduce {
     const std::size_t window = rs ? std::min<std::size_t>(2, recvs_.size()) : recvs_.size();
     for (std::size_t k = 0; k < window; ++k) post_recv(k);
     const int right = ring_index(me_ + 1);
-    for (std::size_t k = 0; k < sends_.size(); ++k) {
-      const int bytes = static_cast<int>(segment_count(send, k) * elem_);
-      int rc = MPI_SUCCESS;
-      {
-        call_guard guard(comm_);
-        rc = MPI_Isend(at(send, k), bytes, MPI_BYTE, right, tag_, comm_.comm(), &sends_[k]);
-      }
-      check(rc, info_, "MPI_Isend");
-    }
+    for (std::size_t k = 0; k < sends_.size(); ++k)
+      isend(at(send, k), segment_count(send, k) * elem_, right, sends_[k]);
   }
 
   void finish_step() {
@@ -197,16 +152,11 @@ class ring_allreduce final : public p2p_allreduce {
     }
   }
 
-  comm_state& comm_;
-  const op_info& info_;
   std::byte* data_;
   std::size_t count_;
-  dtype type_;
   std::size_t elem_;
-  reduce_op op_;
   int ranks_;
   int me_;
-  int tag_;
   std::size_t seg_elems_ = 1;
   std::unique_ptr<std::byte[]> scratch_;  // two segments: the reduce-scatter receive window
   std::size_t scratch_capacity_ = 0;

@@ -33,6 +33,7 @@
 #include <ddp/error.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/error.hpp>
+#include <ddp/mpi/halving_doubling.hpp>
 #include <ddp/mpi/p2p_allreduce.hpp>
 #include <ddp/mpi/recursive_doubling.hpp>
 #include <ddp/mpi/ring_allreduce.hpp>
@@ -74,6 +75,13 @@ class mpi_work final : public work_state {
   /// messages. Counts against the same `comm_state::streams_per_op` as rings.
   void add_recursive_doubling(tensor_view region, reduce_op op) {
     rings_.push_back(std::make_unique<recursive_doubling_allreduce>(*comm_, info(), region, op, rings_.size()));
+    start_last();
+  }
+
+  /// Adds a halving-doubling allreduce of `region` (a mid-size message) and posts its first
+  /// messages. Counts against the same `comm_state::streams_per_op` as rings.
+  void add_halving_doubling(tensor_view region, reduce_op op) {
+    rings_.push_back(std::make_unique<halving_doubling_allreduce>(*comm_, info(), region, op, rings_.size()));
     start_last();
   }
 
@@ -262,8 +270,9 @@ class mpi_work final : public work_state {
   bool finished_ = false;
   bool timed_out_ = false;
   tensor_view divide_{nullptr, 0, dtype::f32, device::host()};
-  std::vector<MPI_Request> more_requests_;             // further dtype groups, or chunks above INT_MAX elements
-  std::vector<std::unique_ptr<p2p_allreduce>> rings_;  // ddp's own algorithms (ring, recursive doubling)
+  std::vector<MPI_Request> more_requests_;  // further dtype groups, or chunks above INT_MAX elements
+  std::vector<std::unique_ptr<p2p_allreduce>>
+      rings_;  // ddp's own algorithms (ring, recursive doubling, halving-doubling)
   std::vector<std::unique_ptr<std::byte[]>> staging_;
   std::size_t staged_bytes_ = 0;
   std::vector<tensor_view> more_divides_;
