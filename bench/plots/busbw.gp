@@ -17,7 +17,7 @@ set ylabel "bus bandwidth (GB/s) = bytes x 2(n-1)/n / time"
 set yrange [0:*]
 set grid
 set key top left
-ddp_curve = 'datafile every ::1 using 1:3 with linespoints lc rgb "#1f77b4" pt 7 title "ddp::mpi::communicator (ring from 64 KiB)"'
+ddp_curve = 'datafile every ::1 using 1:3 with linespoints lc rgb "#1f77b4" pt 7 title "ddp::mpi::communicator (recursive doubling below 4 KiB, ring from 4 KiB)"'
 mpi_curve = 'datafile every ::1 using 1:5 with linespoints lc rgb "#7f7f7f" pt 5 title "MPI_Allreduce (blocking)"'
 nb_curve = 'datafile every ::1 using 1:7 with linespoints lc rgb "#bcbd22" pt 9 title "MPI_Iallreduce + MPI_Test"'
 if (has_nb) {
