@@ -16,9 +16,10 @@ namespace ddp {
 /// Owns one communicator of any backend and models `communicator` itself. Move-only. The
 /// collectives forward to the owned communicator; calling them on an empty object is undefined.
 ///
-/// It also models `device_communicator`: `device_queue()` is the owned communicator's queue, or
-/// an empty one (null runtime) when it runs host collectives only or nothing is owned
-/// (`communicator_ref::has_device_queue()` is then false).
+/// It also models the optional capabilities of communicator.hpp, each reporting what the owned
+/// communicator has: `allreduce_premul_sum` with `has_premul_sum()`, `stages_input()`, and
+/// `device_queue()` (an empty queue, null runtime, when it runs host collectives only or nothing
+/// is owned; `communicator_ref::has_device_queue()` is then false).
 class any_communicator {
  public:
   /// Empty: owns nothing (`bool(*this)` is false).
@@ -53,6 +54,16 @@ class any_communicator {
   }
   /// @copydoc allreduce
   work barrier() { return impl_->ref().barrier(); }
+  /// The owned communicator's pre-multiplied sum (`premul_sum_communicator`).
+  /// @throws usage_error if it has none (`has_premul_sum()` is false)
+  work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) {
+    return impl_->ref().allreduce_premul_sum(ts, factor);
+  }
+  /// True if a communicator is owned and has a pre-multiplied sum.
+  [[nodiscard]] bool has_premul_sum() const noexcept { return impl_ && impl_->ref().has_premul_sum(); }
+  /// True if a communicator is owned and copies every input into its own memory
+  /// (`staging_communicator`).
+  [[nodiscard]] bool stages_input() const { return impl_ && impl_->ref().stages_input(); }
   /// The owned communicator's runtime, stream and device (`device_communicator`); an empty queue
   /// (null runtime) if it has none or nothing is owned.
   [[nodiscard]] ddp::device_queue device_queue() const {
@@ -87,5 +98,7 @@ class any_communicator {
 
 static_assert(communicator<any_communicator>);
 static_assert(device_communicator<any_communicator>);
+static_assert(dynamic_premul_sum_communicator<any_communicator>);
+static_assert(staging_communicator<any_communicator>);
 
 }  // namespace ddp

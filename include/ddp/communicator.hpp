@@ -24,6 +24,8 @@
 ///   rank's floating-point values are first multiplied by `factor` (rounded once to the dtype's
 ///   compute type, the product rounded to the dtype: the averaging rule of average.hpp); integer
 ///   tensors are summed as they are. Same bits as scaling in place and then summing, in one pass.
+///   A wrapper whose backend is chosen at run time (`any_communicator`, the Manager) also has
+///   `has_premul_sum()`, true only while what it forwards to has the capability.
 /// - `stages_input()` (`staging_communicator`): true when the backend copies every input into
 ///   memory of its own anyway (shared memory), so a coalesced call over many scattered tensors
 ///   costs no more than one over a contiguous buffer. The Bucketer then skips its bucket copy.
@@ -61,6 +63,14 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
 template <class C>
 concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<const tensor_view> ts, double factor) {
   { c.allreduce_premul_sum(ts, factor) } -> std::same_as<work>;
+};
+
+/// A pre-multiplied-sum communicator that says at run time whether the capability is there (a
+/// wrapper over a backend chosen at run time; see the file comment).
+template <class C>
+concept dynamic_premul_sum_communicator = premul_sum_communicator<C> && requires(const C& cc) {
+  { cc.has_premul_sum() }
+  noexcept->std::same_as<bool>;
 };
 
 /// A communicator that says whether it stages its inputs (see the file comment).
@@ -110,11 +120,13 @@ class communicator_ref {
   void abort() const noexcept { vt_->abort(obj_); }
 
   /// True if the referenced backend has `allreduce_premul_sum` (file comment).
-  [[nodiscard]] bool has_premul_sum() const noexcept { return vt_->premul_sum != nullptr; }
+  [[nodiscard]] bool has_premul_sum() const noexcept {
+    return vt_->premul_sum != nullptr && (vt_->has_premul_sum == nullptr || vt_->has_premul_sum(obj_));
+  }
   /// The referenced backend's pre-multiplied sum.
   /// @throws usage_error if it has none (ask `has_premul_sum()` first)
   work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) const {
-    if (vt_->premul_sum == nullptr) {
+    if (!has_premul_sum()) {
       throw usage_error(rank(), "allreduce_premul_sum", "this communicator has no pre-multiplied sum");
     }
     return vt_->premul_sum(obj_, ts, factor);
@@ -159,6 +171,7 @@ class communicator_ref {
     work (*barrier)(void*);
     void (*abort)(void*) noexcept;
     work (*premul_sum)(void*, std::span<const tensor_view>, double);  // null: no such capability
+    bool (*has_premul_sum)(const void*) noexcept;                     // null: as premul_sum says
     bool (*stages_input)(const void*);                                // null: never stages
     ddp::device_queue (*device_queue)(const void*);                   // null: host collectives only
   };
@@ -169,6 +182,14 @@ class communicator_ref {
       return [](void* o, std::span<const tensor_view> ts, double f) {
         return static_cast<C*>(o)->allreduce_premul_sum(ts, f);
       };
+    } else {
+      return nullptr;
+    }
+  }
+  template <class C>
+  static constexpr auto has_premul_sum_entry() -> bool (*)(const void*) noexcept {
+    if constexpr (dynamic_premul_sum_communicator<C>) {
+      return [](const void* o) noexcept { return static_cast<const C*>(o)->has_premul_sum(); };
     } else {
       return nullptr;
     }
@@ -202,6 +223,7 @@ class communicator_ref {
       [](void* o) { return static_cast<C*>(o)->barrier(); },
       [](void* o) noexcept { static_cast<C*>(o)->abort(); },
       premul_sum_entry<C>(),
+      has_premul_sum_entry<C>(),
       stages_input_entry<C>(),
       device_queue_entry<C>(),
   };

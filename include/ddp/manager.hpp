@@ -346,6 +346,17 @@ class Manager {
   work barrier() {
     return forward([&] { return comm_.barrier(); }, "barrier");
   }
+  /// The current quorum's pre-multiplied sum (`premul_sum_communicator`; averaging through it
+  /// costs no pass of its own). Errors are captured as for `allreduce`; without the capability
+  /// the step fails with a `usage_error` (ask `has_premul_sum()` first, as average.hpp does).
+  work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) {
+    return forward([&] { return comm_.allreduce_premul_sum(ts, factor); }, "allreduce_premul_sum");
+  }
+  /// True if the current quorum's communicator has a pre-multiplied sum (false between quorums).
+  [[nodiscard]] bool has_premul_sum() const noexcept { return comm_.has_premul_sum(); }
+  /// True if the current quorum's communicator stages its inputs (`staging_communicator`): read
+  /// once by a Bucketer at build(), to hand it the gradients directly.
+  [[nodiscard]] bool stages_input() const { return comm_.stages_input(); }
   /// The current quorum's device queue (`device_communicator`): its runtime, stream and device;
   /// an empty queue (null runtime) between quorums or over a host communicator. It changes with
   /// every quorum (each has its own communicator and stream): a component that reads it once
@@ -764,5 +775,7 @@ class Manager {
 
 static_assert(communicator<Manager>);
 static_assert(device_communicator<Manager>);
+static_assert(dynamic_premul_sum_communicator<Manager>);
+static_assert(staging_communicator<Manager>);
 
 }  // namespace ddp

@@ -141,7 +141,8 @@ class halving_doubling_allreduce final : public p2p_allreduce {
         reduce(scratch_.get(), at(mine_.begin), mine_.end - mine_.begin);
         if ((distance_ /= 2) > 0) return;
         // The owned range holds the reduction over every rank: `avg` divides it once, here.
-        if (op_ == reduce_op::avg) ddp::detail::divide_in_place(type_, at(mine_.begin), mine_.end - mine_.begin, ranks_);
+        if (op_ == reduce_op::avg)
+          ddp::detail::divide_in_place(type_, at(mine_.begin), mine_.end - mine_.begin, ranks_);
         distance_ = 1;
         phase_ = phase::allgather;
         return;
