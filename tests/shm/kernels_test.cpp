@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace k = ddp::shm::detail;
@@ -116,5 +117,35 @@ TEST_CASE("shm kernels: a pre-multiplied sum gives the bits of scaling every inp
         REQUIRE(std::memcmp(got.data(), want.data(), want.size()) == 0);
       }
     }
+  }
+}
+
+TEST_CASE("shm and host kernels: integer sums and products wrap around, the same in both", "[shm][kernels]") {
+  // Signed overflow is undefined in C++; both kernels compute in the unsigned type, so an
+  // overflowing sum gives two's complement bits (what MPI and NCCL give in practice) and UBSan,
+  // which runs these tests in CI, has nothing to report.
+  const std::int32_t i32max = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
+  for (ddp::reduce_op op : {ddp::reduce_op::sum, ddp::reduce_op::prod}) {
+    std::vector<std::int32_t> a(37, i32max), b(37, op == ddp::reduce_op::sum ? 1 : 3);
+    std::vector<std::int64_t> c(37, i64max), d(37, op == ddp::reduce_op::sum ? 2 : 5);
+    const std::int32_t want32 = op == ddp::reduce_op::sum ? std::numeric_limits<std::int32_t>::min() : 2147483645;
+    const std::int64_t want64 =
+        op == ddp::reduce_op::sum ? std::numeric_limits<std::int64_t>::min() + 1 : 9223372036854775803;
+    INFO(ddp::name_of(op));
+    std::vector<std::int32_t> out32(a.size());
+    std::vector<std::int64_t> out64(c.size());
+    const void* in32[] = {a.data(), b.data()};
+    const void* in64[] = {c.data(), d.data()};
+    k::reduce_many(ddp::dtype::i32, op, out32.data(), nullptr, in32, 2, a.size(), 1);
+    k::reduce_many(ddp::dtype::i64, op, out64.data(), nullptr, in64, 2, c.size(), 1);
+    CHECK(out32.front() == want32);
+    CHECK(out32.back() == want32);
+    CHECK(out64.front() == want64);
+    CHECK(out64.back() == want64);
+    ddp::detail::reduce_into(ddp::dtype::i32, op, a.data(), b.data(), a.size());
+    ddp::detail::reduce_into(ddp::dtype::i64, op, c.data(), d.data(), c.size());
+    CHECK(a == out32);
+    CHECK(c == out64);
   }
 }

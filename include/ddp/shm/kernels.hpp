@@ -130,9 +130,9 @@ DDP_SHM_INLINE inline void narrow(T* __restrict out, const float* __restrict in,
 template <reduce_op Op, class C>
 DDP_SHM_INLINE [[nodiscard]] inline C apply(C a, C b) noexcept {
   if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
-    return static_cast<C>(a + b);
+    return ddp::detail::wrapping_add(a, b);  // integers wrap instead of overflowing
   } else if constexpr (Op == reduce_op::prod) {
-    return static_cast<C>(a * b);
+    return ddp::detail::wrapping_mul(a, b);
   } else if constexpr (Op == reduce_op::min) {
     return b < a ? b : a;  // std::min(a, b)
   } else {
