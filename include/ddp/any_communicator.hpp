@@ -60,7 +60,7 @@ class any_communicator {
     return impl_->ref().allreduce_premul_sum(ts, factor);
   }
   /// True if a communicator is owned and has a pre-multiplied sum.
-  [[nodiscard]] bool has_premul_sum() const noexcept { return impl_ && impl_->ref().has_premul_sum(); }
+  [[nodiscard]] bool has_premul_sum() const { return impl_ && impl_->ref().has_premul_sum(); }
   /// True if a communicator is owned and copies every input into its own memory
   /// (`staging_communicator`).
   [[nodiscard]] bool stages_input() const { return impl_ && impl_->ref().stages_input(); }

@@ -69,8 +69,7 @@ concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<co
 /// wrapper over a backend chosen at run time; see the file comment).
 template <class C>
 concept dynamic_premul_sum_communicator = premul_sum_communicator<C> && requires(const C& cc) {
-  { cc.has_premul_sum() }
-  noexcept->std::same_as<bool>;
+  { cc.has_premul_sum() } -> std::same_as<bool>;
 };
 
 /// A communicator that says whether it stages its inputs (see the file comment).
@@ -120,7 +119,7 @@ class communicator_ref {
   void abort() const noexcept { vt_->abort(obj_); }
 
   /// True if the referenced backend has `allreduce_premul_sum` (file comment).
-  [[nodiscard]] bool has_premul_sum() const noexcept {
+  [[nodiscard]] bool has_premul_sum() const {
     return vt_->premul_sum != nullptr && (vt_->has_premul_sum == nullptr || vt_->has_premul_sum(obj_));
   }
   /// The referenced backend's pre-multiplied sum.
@@ -171,7 +170,7 @@ class communicator_ref {
     work (*barrier)(void*);
     void (*abort)(void*) noexcept;
     work (*premul_sum)(void*, std::span<const tensor_view>, double);  // null: no such capability
-    bool (*has_premul_sum)(const void*) noexcept;                     // null: as premul_sum says
+    bool (*has_premul_sum)(const void*);                              // null: as premul_sum says
     bool (*stages_input)(const void*);                                // null: never stages
     ddp::device_queue (*device_queue)(const void*);                   // null: host collectives only
   };
@@ -187,9 +186,9 @@ class communicator_ref {
     }
   }
   template <class C>
-  static constexpr auto has_premul_sum_entry() -> bool (*)(const void*) noexcept {
+  static constexpr auto has_premul_sum_entry() -> bool (*)(const void*) {
     if constexpr (dynamic_premul_sum_communicator<C>) {
-      return [](const void* o) noexcept { return static_cast<const C*>(o)->has_premul_sum(); };
+      return [](const void* o) { return static_cast<const C*>(o)->has_premul_sum(); };
     } else {
       return nullptr;
     }

@@ -347,13 +347,15 @@ class Manager {
     return forward([&] { return comm_.barrier(); }, "barrier");
   }
   /// The current quorum's pre-multiplied sum (`premul_sum_communicator`; averaging through it
-  /// costs no pass of its own). Errors are captured as for `allreduce`; without the capability
-  /// the step fails with a `usage_error` (ask `has_premul_sum()` first, as average.hpp does).
+  /// costs no pass of its own). Errors are captured as for `allreduce`. Ask `has_premul_sum()`
+  /// first, as average.hpp does: through a `communicator_ref`, a call without the capability
+  /// (between quorums, or a backend without it) throws `usage_error` at once; called directly,
+  /// it is captured (the step fails), or skipped like every collective without a quorum.
   work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) {
     return forward([&] { return comm_.allreduce_premul_sum(ts, factor); }, "allreduce_premul_sum");
   }
   /// True if the current quorum's communicator has a pre-multiplied sum (false between quorums).
-  [[nodiscard]] bool has_premul_sum() const noexcept { return comm_.has_premul_sum(); }
+  [[nodiscard]] bool has_premul_sum() const { return comm_.has_premul_sum(); }
   /// True if the current quorum's communicator stages its inputs (`staging_communicator`): read
   /// once by a Bucketer at build(), to hand it the gradients directly.
   [[nodiscard]] bool stages_input() const { return comm_.stages_input(); }

@@ -8,11 +8,26 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 namespace k = ddp::shm::detail;
+
+#ifdef DDP_TEST_FMA_BUILD
+// Built with -mfma -ffp-contract=fast (tests/shm/CMakeLists.txt): the kernel must not fuse a
+// product and a sum in one loop here, or the compiler would round them once, in an FMA.
+static_assert(!k::fused_scaling,
+              "kernels.hpp must keep the staged pre-multiplied sum where FMA contraction is possible");
+namespace {
+// Before main: this binary may use FMA instructions anywhere, so a CPU without them skips it.
+[[maybe_unused]] const bool cpu_has_fma = [] {
+  if (__builtin_cpu_supports("fma") == 0) std::_Exit(77);
+  return true;
+}();
+}  // namespace
+#endif
 
 TEST_CASE("shm kernels: f16 and bf16 conversions are bit-exact", "[shm][kernels]") {
   std::size_t wrong = 0;
@@ -115,6 +130,14 @@ TEST_CASE("shm kernels: a pre-multiplied sum gives the bits of scaling every inp
         INFO(ddp::name_of(t) << " inputs=" << inputs << " n=" << n);
         // Integers ignore the factor (scale_in_place leaves them alone too).
         REQUIRE(std::memcmp(got.data(), want.data(), want.size()) == 0);
+        // In place (the output is the last input, as a rank reducing its own slice), with a
+        // second output: the same bits in both.
+        auto last = in.back();
+        std::vector<std::byte> second(n * esz);
+        raw_ptrs.back() = last.data();
+        k::reduce_many(t, ddp::reduce_op::sum, last.data(), second.data(), raw_ptrs.data(), inputs, n, 1, factor);
+        REQUIRE(std::memcmp(last.data(), want.data(), want.size()) == 0);
+        REQUIRE(std::memcmp(second.data(), want.data(), want.size()) == 0);
       }
     }
   }
@@ -147,5 +170,18 @@ TEST_CASE("shm and host kernels: integer sums and products wrap around, the same
     ddp::detail::reduce_into(ddp::dtype::i64, op, c.data(), d.data(), c.size());
     CHECK(a == out32);
     CHECK(c == out64);
+    // One-byte integers: 127 + 1 and 127 * 3 wrap; 255 + 2 and 255 * 3 too.
+    std::vector<std::int8_t> e(19, 127), f(19, op == ddp::reduce_op::sum ? 1 : 3), out8(19);
+    std::vector<std::uint8_t> g(19, 255), h(19, op == ddp::reduce_op::sum ? 2 : 3), outu8(19);
+    const void* in8[] = {e.data(), f.data()};
+    const void* inu8[] = {g.data(), h.data()};
+    k::reduce_many(ddp::dtype::i8, op, out8.data(), nullptr, in8, 2, e.size(), 1);
+    k::reduce_many(ddp::dtype::u8, op, outu8.data(), nullptr, inu8, 2, g.size(), 1);
+    CHECK(out8.back() == (op == ddp::reduce_op::sum ? std::int8_t{-128} : std::int8_t{125}));
+    CHECK(outu8.back() == (op == ddp::reduce_op::sum ? std::uint8_t{1} : std::uint8_t{253}));
+    ddp::detail::reduce_into(ddp::dtype::i8, op, e.data(), f.data(), e.size());
+    ddp::detail::reduce_into(ddp::dtype::u8, op, g.data(), h.data(), g.size());
+    CHECK(e == out8);
+    CHECK(g == outu8);
   }
 }

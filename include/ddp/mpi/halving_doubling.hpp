@@ -49,8 +49,10 @@ class halving_doubling_allreduce final : public p2p_allreduce {
     while (pow2_ * 2 <= ranks_) pow2_ *= 2;
     distance_ = pow2_ / 2;
     mine_ = {0, count_};
-    // Folding-in receives the whole region; the exchanges at most the first half of it.
-    scratch_ = comm.take_scratch(count_ * elem_, scratch_capacity_);
+    // Scratch by role: folding in receives the whole region, an exchange at most the larger half
+    // of it (the first split's), a folded-out rank receives in place.
+    const std::size_t scratch_elems = me_ >= pow2_ ? 0 : me_ + pow2_ < ranks_ ? count_ : count_ - count_ / 2;
+    if (scratch_elems > 0) scratch_ = comm.take_scratch(scratch_elems * elem_, scratch_capacity_);
     if (me_ >= pow2_) {
       phase_ = phase::fold_out;
     } else if (me_ + pow2_ < ranks_) {
@@ -60,7 +62,9 @@ class halving_doubling_allreduce final : public p2p_allreduce {
     }
   }
 
-  ~halving_doubling_allreduce() override { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
+  ~halving_doubling_allreduce() override {
+    if (scratch_) comm_.return_scratch(std::move(scratch_), scratch_capacity_);
+  }
 
   bool progress() override {
     while (phase_ != phase::done) {

@@ -31,7 +31,9 @@ struct options {
   /// than 4 ranks, 1.3-2.5x slower than the blocking MPI_Allreduce from 4 KiB up (2 ranks); the
   /// ring matches the blocking call. The threshold grows with the rank count because the ring's
   /// latency does (2 (ranks - 1) steps against a tree's 2 log2(ranks)). 0: always the ring (on
-  /// 2+ ranks); `never`: always MPI_Iallreduce.
+  /// 2+ ranks); `never`: never the ring (what is above recursive doubling's limit then runs
+  /// halving-doubling up to its limit, MPI_Iallreduce above; set all three to 0 / `never` for
+  /// MPI_Iallreduce only).
   std::size_t ring_min_bytes = std::size_t{4} << 10;
 
   /// Allreduces below this many bytes (per dtype group, and below the ring's threshold) run ddp's
@@ -42,7 +44,8 @@ struct options {
   std::size_t recursive_doubling_max_bytes = std::size_t{4} << 10;
 
   /// Allreduces from recursive doubling's limit up to below this many bytes (per dtype group,
-  /// and below the ring's threshold, so on 3+ ranks) run ddp's halving-doubling (a reduce-scatter
+  /// and below the ring's threshold: with the default thresholds, only on 3+ ranks) run ddp's
+  /// halving-doubling (a reduce-scatter
   /// by recursive halving, then an allgather by recursive doubling: the ring's bytes in
   /// `2 log2 P` messages; halving_doubling.hpp) instead of MPI_Iallreduce. 0: never.
   std::size_t halving_doubling_max_bytes = std::numeric_limits<std::size_t>::max();

@@ -222,11 +222,15 @@ DDP_SHM_INLINE inline void scale_block(T* __restrict out, const T* __restrict in
   }
 }
 
-/// Whether a product and the sum after it may share one loop. Not where the compiler may fuse
-/// them into one fused multiply-add (a different rounding): GCC contracts across statements when
-/// the target has FMA (`__FP_FAST_FMA*`, e.g. -march=native, AArch64); the pass through L1 is
-/// kept there. The AVX2 entry point below enables no FMA, so it never contracts.
-#if defined(__FP_FAST_FMA) || defined(__FP_FAST_FMAF)
+/// Whether a product and the sum after it may share one loop. Not where the compiler may change
+/// their rounding: fuse them into one multiply-add where the target has FMA (GCC contracts across
+/// statements, clang with -ffp-contract=fast; `__FMA__` on x86 with -march=native or -mfma,
+/// `__FP_FAST_FMA*` / `__ARM_FEATURE_FMA` on AArch64), reassociate them (-ffast-math), or keep
+/// the products in extended precision (x87, `__FLT_EVAL_METHOD__` != 0). The pass through L1 is
+/// kept there: its products are stored, so they are rounded. The AVX2 entry point below enables
+/// no FMA, so it never contracts.
+#if defined(__FP_FAST_FMA) || defined(__FP_FAST_FMAF) || defined(__FMA__) || defined(__ARM_FEATURE_FMA) || \
+    defined(__FAST_MATH__) || (defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0)
 inline constexpr bool fused_scaling = false;
 #else
 inline constexpr bool fused_scaling = true;
@@ -261,15 +265,17 @@ DDP_SHM_INLINE inline void reduce_many_body(T* out, T* out2, const T* const* in,
         widen(wide, input(q), m);
         combine<Op>(acc, wide, m);
       }
-    } else if (scaling && fused_scaling) {
+    } else if (fused_scaling && scaling) {
       // One pass per input (products rounded to T, then reduced): f32 pre-multiplied sums at the
       // speed of plain sums (measured: the staged form below cost 19% on 2 ranks).
-      const T f = static_cast<T>(factor);
-      if (k == 1) {
-        scale_block(acc, in[0] + b, m, factor);
-      } else {
-        combine2_scaled<Op>(acc, in[0] + b, in[1] + b, f, m);
-        for (int q = 2; q < k; ++q) combine_scaled<Op>(acc, in[q] + b, f, m);
+      if constexpr (floating) {  // integers never scale
+        const T f = static_cast<T>(factor);
+        if (k == 1) {
+          scale_block(acc, in[0] + b, m, factor);
+        } else {
+          combine2_scaled<Op>(acc, in[0] + b, in[1] + b, f, m);
+          for (int q = 2; q < k; ++q) combine_scaled<Op>(acc, in[q] + b, f, m);
+        }
       }
     } else if (k == 1 || scaling) {
       std::memcpy(acc, input(0), m * sizeof(T));
