@@ -71,6 +71,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -199,8 +200,11 @@ class Bucketer {
   /// - a `tensor_view`: that view, fixed.
   /// - a temporary of any other type does not compile (it would dangle).
   /// @throws usage_error as `add(tensor_view)`
+  ///
+  /// `name` (optional, e.g. the parameter's name in its module) is used in every error about
+  /// this gradient.
   template <class G>
-  std::size_t add(G&& gradient) {
+  std::size_t add(G&& gradient, std::string_view name = {}) {
     if constexpr (!detail::viewable<G>) {
       detail::explain_not_a_tensor<G>();
       return 0;
@@ -209,23 +213,27 @@ class Bucketer {
       return 0;
     } else {
       const tensor_view v = ddp::view(gradient);
-      return add_entry(std::nullopt, v, {}, gradient_source(std::forward<G>(gradient)));
+      return add_entry(std::nullopt, v, {}, gradient_source(std::forward<G>(gradient)), name);
     }
   }
   /// Registers a gradient given as a view; returns its index. Before `build()` only. The view is
   /// fixed: a gradient that moves cannot be followed (register the tensor itself for that).
   /// @throws usage_error after `build()`, for non-host memory, a null data pointer, or memory
   ///   already registered
-  std::size_t add(tensor_view gradient) { return add_entry(std::nullopt, gradient, {}, {}); }
+  std::size_t add(tensor_view gradient, std::string_view name = {}) {
+    return add_entry(std::nullopt, gradient, {}, {}, name);
+  }
 
   /// Registers a parameter with its gradient. The parameter is only used when joining ranks
   /// agree on the final model (broadcast from the last rank to join). The gradient is kept as by
   /// `add(gradient)`; the parameter as a copy if it is a handle (`is_tensor_handle_v`, e.g. the
   /// loop variable of `for (auto& p : model->parameters())`), else as its view (its memory must
   /// stay where it is).
+  /// `name` as in `add(gradient, name)`.
   /// @throws usage_error if the two differ in element count or dtype, or as `add(tensor_view)`
   template <class P, class G>
-  std::size_t add(P&& parameter, G&& gradient) {
+  requires(!std::is_convertible_v<G, std::string_view>)  // add(gradient, name) is the other overload
+      std::size_t add(P&& parameter, G&& gradient, std::string_view name = {}) {
     if constexpr (!detail::viewable<P>) {
       detail::explain_not_a_tensor<P>();
       return 0;
@@ -243,18 +251,18 @@ class Bucketer {
     } else {
       const tensor_view pv = ddp::view(parameter);
       const tensor_view gv = ddp::view(gradient);
-      check_pair(pv, gv);
+      check_pair(pv, gv, name);
       detail::tensor_source ps;
       if constexpr (is_tensor_handle_v<P>)
         ps = detail::tensor_source::holding(std::remove_cvref_t<P>(std::forward<P>(parameter)));
-      return add_entry(pv, gv, std::move(ps), gradient_source(std::forward<G>(gradient)));
+      return add_entry(pv, gv, std::move(ps), gradient_source(std::forward<G>(gradient)), name);
     }
   }
   /// Registers a parameter with its gradient, given as views (both fixed); returns the gradient's index.
   /// @throws usage_error if the two differ in element count or dtype, or as `add(tensor_view)`
-  std::size_t add(tensor_view parameter, tensor_view gradient) {
-    check_pair(parameter, gradient);
-    return add_entry(parameter, gradient, {}, {});
+  std::size_t add(tensor_view parameter, tensor_view gradient, std::string_view name = {}) {
+    check_pair(parameter, gradient, name);
+    return add_entry(parameter, gradient, {}, {}, name);
   }
 
   /// Replaces the per-bucket collective (default: `hooks::allreduce_average`). Before `build()`.
@@ -339,18 +347,38 @@ class Bucketer {
                             " gradients registered");
     }
     if (!built_.load(std::memory_order_acquire)) build();
-    if (no_sync_) return;
+    if (no_sync_depth_ > 0) {
+      // Accumulated locally: the next synchronised iteration averages it even if it is not marked
+      // there (docs/bucketer.md, "no_sync").
+      accumulated_[i].store(true, std::memory_order_relaxed);
+      return;
+    }
     if (!started_.load(std::memory_order_acquire)) note_iteration_start();
     if (marked_[i].exchange(true)) {
       throw usage_error(comm_.rank(), "Bucketer::mark_ready",
-                        "gradient " + std::to_string(i) +
+                        label(i) +
                             " was marked ready twice in one iteration. Typical causes: the parameter is used "
                             "more than once with reentrant checkpointing, two hooks call mark_ready for it, or "
                             "finalize() was not called after the previous backward pass");
     }
     if (recording_) ready_order_[ready_seen_.fetch_add(1)] = i;
     if (rec_) rec_->instant("backward", "ready", clock::now(), {{"gradient", static_cast<double>(i)}});
-    entry& e = entries_[i];  // only this call touches entry i during the iteration
+    stage_gradient(i, produced);
+    const entry& e = entries_[i];
+    if (pending_[e.bucket].fetch_sub(1) == 1) {
+      std::lock_guard lk(mutex_);
+      launch_ready_locked();
+      progress_locked();
+    } else if (opts_.progress_on_mark_ready) {
+      std::unique_lock lk(mutex_, std::try_to_lock);  // never make a marking thread wait for progress
+      if (lk) progress_locked();
+    }
+  }
+
+  // Gradient i's contribution, made ready in its bucket's path (only this call touches entry i
+  // during the iteration).
+  void stage_gradient(std::size_t i, device_event produced) {
+    entry& e = entries_[i];
     // Copy path: re-read the gradient's slot (one compare when nothing moved) and follow it to
     // new memory, so a gradient replaced since the last step (set_to_none) is the one averaged.
     // Zero-copy: gradient i is gradient_view(i); the registered tensor gave only its shape.
@@ -368,14 +396,6 @@ class Bucketer {
       } else {
         std::memcpy(slot(e).data, e.gradient.data, e.gradient.bytes());
       }
-    }
-    if (pending_[e.bucket].fetch_sub(1) == 1) {
-      std::lock_guard lk(mutex_);
-      launch_ready_locked();
-      progress_locked();
-    } else if (opts_.progress_on_mark_ready) {
-      std::unique_lock lk(mutex_, std::try_to_lock);  // never make a marking thread wait for progress
-      if (lk) progress_locked();
     }
   }
 
@@ -401,7 +421,7 @@ class Bucketer {
  private:
   void finalize_impl(bool blocking) {
     if (!built_.load(std::memory_order_acquire)) build();
-    if (no_sync_) {
+    if (no_sync_depth_ > 0) {
       reset_iteration();
       return;
     }
@@ -415,10 +435,18 @@ class Bucketer {
     }
 
     std::vector<std::size_t> unmarked;
+    std::vector<std::size_t> accumulated_only;  // produced inside no_sync, not in this iteration
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (!marked_[i].load()) unmarked.push_back(i);
+      if (marked_[i].load()) continue;
+      (accumulated_[i].load(std::memory_order_relaxed) ? accumulated_only : unmarked).push_back(i);
     }
+    forget_accumulated();
     if (!unmarked.empty() && !opts_.find_unused_parameters) throw_unmarked(unmarked);
+    for (std::size_t i : accumulated_only) {  // their memory holds this rank's contribution
+      marked_[i].store(true);
+      stage_gradient(i, device_event{});
+      if (pending_[entries_[i].bucket].fetch_sub(1) == 1) launch_ready_locked();
+    }
     for (std::size_t i : unmarked) {  // zero contributions for unused gradients
       const entry& e = entries_[i];
       if (e.gradient.count > 0) std::memset(slot(e).data, 0, e.gradient.bytes());
@@ -442,29 +470,50 @@ class Bucketer {
 
  public:
   /// RAII scope in which iterations only accumulate locally (no communication). The next
-  /// synchronised iteration averages the accumulated gradients.
+  /// synchronised iteration averages every gradient accumulated meanwhile, also one that it does
+  /// not mark itself. Scopes nest: ending one restores the state it found. Movable (e.g. into a
+  /// `std::optional`); a moved-from scope does nothing when it ends.
   class [[nodiscard]] no_sync_scope {
    public:
-    /// Enters the scope on `b`; prefer `Bucketer::no_sync()`, which also checks the iteration.
-    explicit no_sync_scope(Bucketer& b) : b_(&b) { b_->no_sync_ = true; }
+    /// Enters the scope on `b` if `enabled`; prefer `Bucketer::no_sync()`, which also checks the iteration.
+    explicit no_sync_scope(Bucketer& b, bool enabled = true) : b_(enabled ? &b : nullptr) {
+      if (b_ != nullptr) ++b_->no_sync_depth_;
+    }
+    no_sync_scope(no_sync_scope&& other) noexcept : b_(std::exchange(other.b_, nullptr)) {}
+    no_sync_scope& operator=(no_sync_scope&& other) noexcept {
+      if (this != &other) {
+        end();
+        b_ = std::exchange(other.b_, nullptr);
+      }
+      return *this;
+    }
     no_sync_scope(const no_sync_scope&) = delete;
     no_sync_scope& operator=(const no_sync_scope&) = delete;
-    ~no_sync_scope() { b_->no_sync_ = false; }
+    ~no_sync_scope() { end(); }
+    /// True if this scope turned syncing off (false: disabled, moved from, or ended).
+    [[nodiscard]] bool active() const noexcept { return b_ != nullptr; }
+    /// Ends the scope now (restores the state it found); the destructor then does nothing.
+    void end() noexcept {
+      if (b_ != nullptr) --b_->no_sync_depth_;  // a count: scopes may even end out of order
+      b_ = nullptr;
+    }
 
    private:
     Bucketer* b_;
   };
   /// Enters a no-sync scope: until it ends, `mark_ready` and `finalize` communicate nothing.
+  /// `no_sync(false)` returns a scope that changes nothing (PyTorch's `nullcontext`), for a
+  /// conditional `auto scope = grads.no_sync(micro + 1 < micro_batches);`.
   /// @throws usage_error in the middle of an iteration (after a `mark_ready`)
-  no_sync_scope no_sync() {
-    if (started_) {
+  no_sync_scope no_sync(bool enabled = true) {
+    if (enabled && started_) {
       throw usage_error(comm_.rank(), "Bucketer::no_sync",
                         "entered in the middle of an iteration (gradients were already marked ready)");
     }
-    return no_sync_scope(*this);
+    return no_sync_scope(*this, enabled);
   }
   /// False inside a no-sync scope.
-  [[nodiscard]] bool syncing() const noexcept { return !no_sync_; }
+  [[nodiscard]] bool syncing() const noexcept { return no_sync_depth_ == 0; }
   /// True once `build()` chose the direct path: buckets are coalesced calls over the gradients
   /// themselves, on a backend that stages its input (see the file comment).
   [[nodiscard]] bool direct() const noexcept { return direct_; }
@@ -483,13 +532,12 @@ class Bucketer {
     const tensor_view v = gradient_view(i);
     if (!v.where.is_host()) {
       throw usage_error(comm_.rank(), "Bucketer::gradient",
-                        "gradient " + std::to_string(i) + " is on " + v.where.str() +
+                        label(i) + " is on " + v.where.str() +
                             ": a span would let the host touch device memory; use gradient_view(i)");
     }
     if (v.type != dtype_v<T>) {
       throw usage_error(comm_.rank(), "Bucketer::gradient",
-                        "gradient " + std::to_string(i) + " is " + std::string(name_of(v.type)) + ", not " +
-                            std::string(name_of(dtype_v<T>)));
+                        label(i) + " is " + std::string(name_of(v.type)) + ", not " + std::string(name_of(dtype_v<T>)));
     }
     return v.as<T>();
   }
@@ -524,7 +572,7 @@ class Bucketer {
   /// Same as `communicator()`: the join bookkeeping runs there.
   [[nodiscard]] communicator_ref join_communicator() const noexcept { return comm_; }
   /// False inside a no-sync scope: this iteration launches no bucket collectives.
-  [[nodiscard]] bool join_will_communicate() const noexcept { return !no_sync_; }
+  [[nodiscard]] bool join_will_communicate() const noexcept { return no_sync_depth_ == 0; }
   /// Records the round's divisor (`join_round::divisor()`) for the iteration about to start
   /// (`notify()` precedes its collectives), so averages stay correct once some ranks have joined,
   /// and its order token, told when the first bucket launches.
@@ -567,7 +615,7 @@ class Bucketer {
         const tensor_view now = e.param_source.read();
         if (!same_shape(now, *e.parameter)) {
           throw usage_error(comm_.rank(), "Bucketer::broadcast_parameters",
-                            "parameter " + std::to_string(i) + " was registered as " +
+                            "parameter " + label_of(i, e.name) + " was registered as " +
                                 std::string(name_of(e.parameter->type)) + " x " + std::to_string(e.parameter->count) +
                                 " and is now " + std::string(name_of(now.type)) + " x " + std::to_string(now.count));
         }
@@ -587,6 +635,7 @@ class Bucketer {
     std::size_t offset = 0;              // elements into the bucket
     detail::tensor_source param_source;  // a held handle, re-read by broadcast_parameters
     detail::tensor_source grad_source;   // the trainer's slot (or a held handle), re-read by mark_ready
+    std::string name;                    // for errors (optional)
   };
   struct bucket {
     detail::aligned_buffer storage;
@@ -628,10 +677,10 @@ class Bucketer {
     }
   }
 
-  void check_pair(tensor_view parameter, tensor_view gradient) const {
+  void check_pair(tensor_view parameter, tensor_view gradient, std::string_view name) const {
     if (parameter.count != gradient.count || parameter.type != gradient.type) {
       throw usage_error(comm_.rank(), "Bucketer::add",
-                        "parameter " + std::to_string(entries_.size()) + " has " + std::to_string(parameter.count) +
+                        "parameter " + label_of(entries_.size(), name) + " has " + std::to_string(parameter.count) +
                             " " + std::string(name_of(parameter.type)) + " elements but its gradient has " +
                             std::to_string(gradient.count) + " " + std::string(name_of(gradient.type)));
     }
@@ -640,7 +689,7 @@ class Bucketer {
   // Gradient `i`'s current view from its source; follows it if it moved (copy path).
   // @throws usage_error if its element count, dtype or device changed
   void follow_gradient(std::size_t i, entry& e, const char* op) const {
-    const tensor_view now = e.grad_source.read();
+    const tensor_view now = read_gradient(i, e, op);
     if (now.data == e.gradient.data && now.count == e.gradient.count && now.type == e.gradient.type &&
         now.where == e.gradient.where) {
       return;  // the usual case: nothing moved
@@ -656,7 +705,7 @@ class Bucketer {
   [[noreturn]] void throw_reshaped(std::size_t i, const tensor_view& was, const tensor_view& now,
                                    const char* op) const {
     throw usage_error(comm_.rank(), op,
-                      "gradient " + std::to_string(i) + " was registered as " + std::string(name_of(was.type)) + " x " +
+                      label(i) + " was registered as " + std::string(name_of(was.type)) + " x " +
                           std::to_string(was.count) + " on " + was.where.str() + " and is now " +
                           std::string(name_of(now.type)) + " x " + std::to_string(now.count) + " on " +
                           now.where.str() + (now.count > 0 && now.data == nullptr ? " without memory" : "") +
@@ -666,28 +715,26 @@ class Bucketer {
   }
 
   std::size_t add_entry(std::optional<tensor_view> param, tensor_view grad, detail::tensor_source param_source,
-                        detail::tensor_source grad_source) {
+                        detail::tensor_source grad_source, std::string_view name) {
     const std::size_t i = entries_.size();
-    if (built_) {
-      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " added after build()");
-    }
+    const std::string who = "gradient " + label_of(i, name);
+    if (built_) throw usage_error(comm_.rank(), "Bucketer::add", who + " added after build()");
     if (const std::string why = device_problem(grad); !why.empty()) {
-      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " " + why);
+      throw usage_error(comm_.rank(), "Bucketer::add", who + " " + why);
     }
     if (grad.count > 0 && grad.data == nullptr) {
-      throw usage_error(comm_.rank(), "Bucketer::add", "gradient " + std::to_string(i) + " has no data pointer");
+      throw usage_error(comm_.rank(), "Bucketer::add", who + " has no data pointer");
     }
     for (std::size_t j = 0; j < entries_.size(); ++j) {  // empty gradients own no memory: they may share an address
       const tensor_view& other = entries_[j].gradient;
       if (grad.count > 0 && other.count > 0 && grad.byte_data() < other.byte_data() + other.bytes() &&
           other.byte_data() < grad.byte_data() + grad.bytes()) {
-        throw usage_error(comm_.rank(), "Bucketer::add",
-                          "gradient " + std::to_string(i) +
-                              (grad.data == other.data ? " is the same memory as" : " overlaps the memory of") +
-                              " gradient " + std::to_string(j));
+        throw usage_error(
+            comm_.rank(), "Bucketer::add",
+            who + (grad.data == other.data ? " is the same memory as" : " overlaps the memory of") + " " + label(j));
       }
     }
-    entries_.push_back({param, grad, 0, 0, std::move(param_source), std::move(grad_source)});
+    entries_.push_back({param, grad, 0, 0, std::move(param_source), std::move(grad_source), std::string(name)});
     return i;
   }
 
@@ -703,6 +750,35 @@ class Bucketer {
     if (g.where == dq_.where) return {};
     return "is on " + g.where.str() + ", but the communicator's collectives run on " + dq_.where.str() +
            ": a Bucketer's gradients are all on its communicator's device";
+  }
+
+  // "3" or "3 ('fc.bias')": how errors name a gradient.
+  [[nodiscard]] static std::string label_of(std::size_t i, std::string_view name) {
+    std::string out = std::to_string(i);
+    if (!name.empty()) out.append(" ('").append(name).append("')");
+    return out;
+  }
+  [[nodiscard]] std::string label(std::size_t i) const {
+    return "gradient " + label_of(i, i < entries_.size() ? std::string_view(entries_[i].name) : std::string_view());
+  }
+  // The first ten of `indices`, labelled.
+  [[nodiscard]] std::string labels(const std::vector<std::size_t>& indices) const {
+    std::string list;
+    for (std::size_t k = 0; k < indices.size() && k < 10; ++k) {
+      list += (k ? ", " : "") + label_of(indices[k], entries_[indices[k]].name);
+    }
+    if (indices.size() > 10) list += ", ...";
+    return list;
+  }
+  // Gradient i's current view from its source, with this rank and its name in an error the
+  // tensor type raised (which knows neither).
+  [[nodiscard]] tensor_view read_gradient(std::size_t i, const entry& e, const char* op) const {
+    try {
+      return e.grad_source.read();
+    } catch (const error& x) {
+      if (x.rank() >= 0) throw;
+      throw usage_error(comm_.rank(), op, label(i) + ": " + x.message());
+    }
   }
 
   [[nodiscard]] std::vector<gradient_info> infos() const {
@@ -727,6 +803,7 @@ class Bucketer {
     }
     if (dq_.runtime != nullptr) prepare_device();
     marked_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
+    accumulated_ = std::make_unique<std::atomic<bool>[]>(entries_.size());
     if constexpr (rebuilding_policy<Policy>) {
       rebuild_pending_ = true;
       recording_ = true;
@@ -851,17 +928,17 @@ class Bucketer {
     for (std::size_t i = 0; i < most; ++i) {  // the gradients first: a different one moves the buckets too
       for (std::size_t r = 1; r < n; ++r) {
         if (at(r, i, 0) != at(0, i, 0) || at(r, i, 1) != at(0, i, 1)) {
-          return "gradient " + std::to_string(i) + " is the first that differs: rank 0 has " + describe(0, i) +
-                 ", rank " + std::to_string(r) + " has " + describe(r, i);
+          return label(i) + " is the first that differs: rank 0 has " + describe(0, i) + ", rank " + std::to_string(r) +
+                 " has " + describe(r, i);
         }
       }
     }
     for (std::size_t i = 0; i < most; ++i) {
       for (std::size_t r = 1; r < n; ++r) {
         if (at(r, i, 2) != at(0, i, 2)) {
-          return "the gradients agree, but gradient " + std::to_string(i) + " is in bucket " +
-                 std::to_string(at(0, i, 2)) + " on rank 0 and in bucket " + std::to_string(at(r, i, 2)) + " on rank " +
-                 std::to_string(r) + ": the layout policies (or their knobs) differ";
+          return "the gradients agree, but " + label(i) + " is in bucket " + std::to_string(at(0, i, 2)) +
+                 " on rank 0 and in bucket " + std::to_string(at(r, i, 2)) + " on rank " + std::to_string(r) +
+                 ": the layout policies (or their knobs) differ";
         }
       }
     }
@@ -1083,7 +1160,7 @@ class Bucketer {
     }
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (const std::string why = device_problem(entries_[i].gradient); !why.empty()) {
-        throw usage_error(comm_.rank(), op, "gradient " + std::to_string(i) + " " + why);
+        throw usage_error(comm_.rank(), op, label(i) + " " + why);
       }
     }
     ready_events_.clear();
@@ -1105,7 +1182,7 @@ class Bucketer {
     if (!produced) {
       if (!has_compute_) {
         throw usage_error(comm_.rank(), "Bucketer::mark_ready",
-                          "gradient " + std::to_string(i) + " is on " + e.gradient.where.str() +
+                          label(i) + " is on " + e.gradient.where.str() +
                               ": say which stream produced it, with set_compute_stream() or mark_ready(i, event)");
       }
       produced = ready_events_[i].get();
@@ -1208,7 +1285,7 @@ class Bucketer {
       entry& e = entries_[i];
       if (opts_.find_unused_parameters && used_[i] == 0) continue;  // unused everywhere: leave it alone
       if (!marked_[i].load() && e.grad_source.rereads()) {
-        const tensor_view now = e.grad_source.read();
+        const tensor_view now = read_gradient(i, e, "Bucketer::finalize");
         if (!same_shape(now, e.gradient)) {
           lost.push_back(i);
           continue;
@@ -1221,11 +1298,8 @@ class Bucketer {
   }
 
   [[noreturn]] void throw_lost(const std::vector<std::size_t>& lost) const {
-    std::string list;
-    for (std::size_t k = 0; k < lost.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(lost[k]);
-    if (lost.size() > 10) list += ", ...";
     throw usage_error(comm_.rank(), "Bucketer::finalize",
-                      "gradients " + list +
+                      "gradients " + labels(lost) +
                           " were not computed on this rank and no longer have their registered element count, dtype "
                           "and memory (set to None?), but other ranks used them, so this rank cannot receive their "
                           "average; zero such gradients instead of setting them to None");
@@ -1287,6 +1361,7 @@ class Bucketer {
     reset_on_exit guard{this};
     divisor_ = round.divisor();
     shadowing_ = true;
+    forget_accumulated();  // a rank that joined contributes zeros (docs/join.md)
     iteration_start_ = clock::now();
     current_.shadowed = true;
     for (auto& b : buckets_) {
@@ -1308,13 +1383,14 @@ class Bucketer {
   }
 
   [[noreturn]] void throw_unmarked(const std::vector<std::size_t>& unmarked) const {
-    std::string list;
-    for (std::size_t k = 0; k < unmarked.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(unmarked[k]);
-    if (unmarked.size() > 10) list += ", ...";
     throw usage_error(comm_.rank(), "Bucketer::finalize",
                       std::to_string(unmarked.size()) + " of " + std::to_string(entries_.size()) +
-                          " gradients were never marked ready (indices " + list +
+                          " gradients were never marked ready (indices " + labels(unmarked) +
                           "); if some parameters go unused in some iterations, set find_unused_parameters");
+  }
+
+  void forget_accumulated() noexcept {
+    for (std::size_t i = 0; i < entries_.size(); ++i) accumulated_[i].store(false, std::memory_order_relaxed);
   }
 
   void reset_iteration() {
@@ -1365,12 +1441,13 @@ class Bucketer {
   std::uint64_t fingerprint_ = 0;
   std::unique_ptr<std::atomic<std::size_t>[]> pending_;  // gradients still to come, per bucket
   std::unique_ptr<std::atomic<bool>[]> marked_;          // per gradient, this iteration
+  std::unique_ptr<std::atomic<bool>[]> accumulated_;     // per gradient, marked inside no_sync since the last sync
   std::vector<std::uint8_t> used_;                       // used-gradient map (find_unused_parameters)
 
   std::mutex mutex_;  // guards launching, progress and the in-flight work handles
   std::atomic<bool> built_{false};
   std::atomic<bool> started_{false};
-  bool no_sync_ = false;
+  int no_sync_depth_ = 0;  // open no_sync scopes
   bool shadowing_ = false;
   int divisor_;                   // of the running iteration
   int notified_divisor_ = 0;      // from join_notified() for the next iteration (0: none)

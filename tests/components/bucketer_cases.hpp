@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -689,6 +690,141 @@ inline void contiguous_gradients(ddp::communicator_ref comm) {
   }
 }
 
+// Issue #31 (1): a gradient produced only inside no_sync is averaged at the next synchronised
+// iteration, on every path, with and without find_unused_parameters. Three gradients: `base`
+// is produced in both micro-batches on every rank, `extra` only in the no_sync one (on every rank
+// without find_unused; on the ranks r % 3 != 2 with it), `idle` never (left untouched; without
+// find_unused it is marked, unchanged, and averages to itself).
+// Reference: each rank's accumulated gradient, averaged over ranks (unproduced = zero).
+inline void no_sync_only_gradients(ddp::communicator_ref comm) {
+  const int n = comm.size();
+  const auto produces_extra = [](int r, bool find_unused) { return !find_unused || r % 3 != 2; };
+  // What rank r adds to gradient g, element k, in micro-batch m: exact small binary fractions.
+  const auto contribution = [](int r, std::size_t g, std::size_t k, int m) {
+    return static_cast<float>((r + 1) * (m + 2)) + 0.25f * static_cast<float>((k + g) % 4);
+  };
+  enum class path { copy_divided, copy_with_hook, zero_copy };
+  for (path p : {path::copy_divided, path::copy_with_hook, path::zero_copy}) {
+    for (bool find_unused : {false, true}) {
+      if (!find_unused && p == path::zero_copy) continue;  // zero-copy with find_unused only
+      const std::string where = std::string(p == path::copy_divided     ? "copy path"
+                                            : p == path::copy_with_hook ? "copy path with a hook"
+                                                                        : "zero-copy") +
+                                (find_unused ? ", find_unused" : "");
+      std::vector<std::vector<float>> g(3, std::vector<float>(40, 0.0f));
+      ddp::Bucketer b(comm, ddp::bucketing::size_capped{.cap_bytes = 200, .small_bucket_bytes = 200},
+                      {.zero_copy = p == path::zero_copy, .find_unused_parameters = find_unused});
+      if (p == path::copy_with_hook) b.register_comm_hook(ddp::hooks::allreduce_average{});
+      b.add(g[0], "base");
+      b.add(g[1], "extra");
+      b.add(g[2], "idle");
+      b.build();
+      const auto grad = [&](std::size_t i) {  // where the trainer accumulates gradient i
+        return p == path::zero_copy ? b.gradient<float>(i) : std::span<float>(g[i]);
+      };
+      for (std::size_t i = 0; i < 3; ++i) std::fill(grad(i).begin(), grad(i).end(), i == 2 ? 42.0f : 0.0f);
+      for (int step = 0; step < 2; ++step) {
+        for (std::size_t i = 0; i < 2; ++i) std::fill(grad(i).begin(), grad(i).end(), 0.0f);  // zero_grad
+        for (int micro = 0; micro < 2; ++micro) {
+          auto scope = b.no_sync(micro == 0);
+          if (!find_unused && micro == 1)
+            b.mark_ready(2);  // `idle` must be marked without find_unused: 42 averages to 42
+          for (std::size_t i = 0; i < 2; ++i) {
+            if (i == 1 && (micro == 1 || !produces_extra(comm.rank(), find_unused))) continue;
+            auto x = grad(i);
+            for (std::size_t k = 0; k < x.size(); ++k) x[k] += contribution(comm.rank(), i, k, micro);
+            b.mark_ready(i);
+          }
+          b.finalize();
+        }
+        for (std::size_t i = 0; i < 2; ++i) {
+          for (std::size_t k = 0; k < 40; ++k) {
+            double want = 0;
+            for (int r = 0; r < n; ++r) {
+              if (i == 0) want += contribution(r, i, k, 0) + contribution(r, i, k, 1);
+              if (i == 1 && produces_extra(r, find_unused)) want += contribution(r, i, k, 0);
+            }
+            want /= n;
+            const float got = grad(i)[k];
+            SUITE_EXPECT(std::abs(got - want) <= 1e-5 * std::abs(want),
+                         where << ", step " << step << ": gradient " << i << "[" << k << "] = " << got
+                               << ", the average of the accumulated gradients is " << want);
+          }
+          suite::buffer same(ddp::dtype::f32, 40);
+          std::memcpy(same.bytes.data(), grad(i).data(), 40 * sizeof(float));
+          suite::expect_same_bits_everywhere(comm, same, where + ": gradient " + std::to_string(i));
+        }
+        const float idle = p == path::zero_copy ? 0.0f : 42.0f;  // unused everywhere: zero-copy zeroes it
+        SUITE_EXPECT(grad(2)[3] == idle, where << ": a gradient produced nowhere is " << grad(2)[3]);
+      }
+    }
+  }
+  {  // without find_unused, a gradient produced nowhere is still an error, and it is named
+    std::vector<std::vector<float>> g(2, std::vector<float>(8, 1.0f));
+    ddp::Bucketer b(comm);
+    b.add(g[0], "fc.weight");
+    b.add(g[1], "fc.bias");
+    b.mark_ready(0);
+    expect_usage_error([&] { b.finalize(); }, "(indices 1 ('fc.bias'))", "unmarked gradient, named");
+    expect_usage_error([&] { b.finalize(); }, "rank " + std::to_string(comm.rank()), "unmarked gradient, rank");
+  }
+}
+
+// Issue #31 (2, 3): no_sync scopes nest, move, and can be disabled; communication resumes only
+// when the last one ends, whatever the order.
+inline void no_sync_scopes(ddp::communicator_ref comm) {
+  std::vector<double> g(16, 0.0);
+  ddp::Bucketer b(comm);
+  std::size_t launches = 0;
+  b.register_comm_hook([&](ddp::grad_bucket& bucket) {
+    ++launches;
+    return ddp::hooks::allreduce_average{}(bucket);
+  });
+  b.add(g);
+  const auto iteration = [&] {
+    for (double& x : g) x += comm.rank() + 1;
+    b.mark_ready(0);
+    b.finalize();
+  };
+  {
+    auto outer = b.no_sync();
+    {
+      auto inner = b.no_sync();
+      SUITE_EXPECT(!b.syncing(), "inside two scopes");
+    }
+    SUITE_EXPECT(!b.syncing(), "the outer scope is still open after the inner one ended");
+    iteration();
+    SUITE_EXPECT(launches == 0, "no communication while the outer scope is open");
+  }
+  SUITE_EXPECT(b.syncing(), "both scopes ended");
+  {
+    std::optional<ddp::Bucketer<>::no_sync_scope> kept;
+    kept.emplace(b.no_sync());  // moved into an optional
+    auto moved = std::move(*kept);
+    SUITE_EXPECT(!kept->active() && moved.active(), "the move hands the scope over");
+    kept.reset();
+    SUITE_EXPECT(!b.syncing(), "a moved-from scope ends nothing");
+    auto off = b.no_sync(false);
+    SUITE_EXPECT(!off.active(), "no_sync(false) is inactive");
+    iteration();
+    moved.end();
+    SUITE_EXPECT(b.syncing(), "end() ends it");
+  }
+  {  // scopes ended out of order (possible once they move)
+    auto a = b.no_sync();
+    auto c = b.no_sync();
+    a.end();
+    SUITE_EXPECT(!b.syncing(), "one scope still open");
+    c.end();
+    SUITE_EXPECT(b.syncing(), "none open");
+  }
+  SUITE_EXPECT(b.no_sync(false).active() == false && b.syncing(), "a disabled scope leaves syncing on");
+  iteration();
+  SUITE_EXPECT(launches == 1, "one launch, in the synchronised iteration, got " << launches);
+  const double want = 3.0 * (comm.size() + 1) / 2.0;  // three accumulations of r + 1, averaged
+  SUITE_EXPECT(std::abs(g[3] - want) < 1e-12, "accumulated average " << g[3] << " != " << want);
+}
+
 inline void run_all(ddp::communicator_ref comm) {
   average_mixed_dtypes(comm);
   progress_thread_averages(comm);
@@ -696,6 +832,8 @@ inline void run_all(ddp::communicator_ref comm) {
   compression_hooks(comm);
   unused_parameters(comm);
   no_sync_accumulation(comm);
+  no_sync_only_gradients(comm);
+  no_sync_scopes(comm);
   rebuild_from_ready_order(comm);
   misuse_errors(comm);
   moved_gradients(comm);
