@@ -178,6 +178,11 @@ class Bucketer {
   /// @param options  behaviour that is not about the layout
   explicit Bucketer(communicator_ref comm, Policy policy = {}, bucketer_options options = {})
       : comm_(comm), policy_(std::move(policy)), opts_(options), dq_(comm.device_queue()), divisor_(comm.size()) {}
+  /// The default-constructed layout policy with `options`:
+  /// `Bucketer grads(comm, bucketer_options{.find_unused_parameters = true})` (or `{.find_unused_parameters = true}`).
+  /// @param comm     communicator for all of this Bucketer's collectives (must outlive it)
+  /// @param options  behaviour that is not about the layout
+  Bucketer(communicator_ref comm, bucketer_options options) : Bucketer(comm, Policy{}, options) {}
 
   Bucketer(const Bucketer&) = delete;  // hooks and bucket views point into this object
   Bucketer& operator=(const Bucketer&) = delete;

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -761,7 +762,8 @@ inline void no_sync_only_gradients(ddp::communicator_ref comm) {
   }
   {  // without find_unused, a gradient produced nowhere is still an error, and it is named
     std::vector<std::vector<float>> g(2, std::vector<float>(8, 1.0f));
-    ddp::Bucketer b(comm);
+    ddp::Bucketer b(comm, ddp::bucketer_options{.check_layout = true});  // options without a policy (#31 (5))
+    static_assert(std::is_same_v<decltype(b), ddp::Bucketer<>>);
     b.add(g[0], "fc.weight");
     b.add(g[1], "fc.bias");
     b.mark_ready(0);

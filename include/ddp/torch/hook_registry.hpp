@@ -62,6 +62,8 @@ class hook_registry {
   };
 
   hook_registry() = default;
+  /// A registry whose errors name `rank` (`register_module` sets it from the Bucketer's communicator).
+  explicit hook_registry(int rank) noexcept : rank_(rank) {}
   hook_registry(const hook_registry&) = delete;
   hook_registry& operator=(const hook_registry&) = delete;
   /// Removes every hook still attached and releases the accumulators.
@@ -78,24 +80,24 @@ class hook_registry {
     if (name.empty()) name = "#" + std::to_string(key);
     auto existing = entries_.find(key);
     if (existing != entries_.end() && !existing->second.parameter.is_same(parameter)) {
-      throw usage_error(-1, "libtorch::hook_registry::bind",
+      throw usage_error(rank_, "libtorch::hook_registry::bind",
                         "key " + std::to_string(key) + " is already bound to parameter '" + existing->second.name +
                             "', not to '" + name + "'");
     }
     if (!parameter.defined() || !parameter.requires_grad() || !parameter.is_leaf()) {
-      throw usage_error(-1, "libtorch::hook_registry::bind",
+      throw usage_error(rank_, "libtorch::hook_registry::bind",
                         "parameter '" + name + "' must be a defined leaf tensor that requires a gradient");
     }
     const at::Tensor& grad = parameter.grad();
     if (!grad.defined()) {
-      throw usage_error(-1, "libtorch::hook_registry::bind",
+      throw usage_error(rank_, "libtorch::hook_registry::bind",
                         "parameter '" + name +
                             "' has no gradient tensor yet: allocate it before binding "
                             "(parameter.mutable_grad() = at::zeros_like(parameter); register_module does this)");
     }
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameter);
     if (!accumulator) {
-      throw usage_error(-1, "libtorch::hook_registry::bind", "parameter '" + name + "' has no gradient accumulator");
+      throw usage_error(rank_, "libtorch::hook_registry::bind", "parameter '" + name + "' has no gradient accumulator");
     }
     if (existing != entries_.end()) {
       existing->second.grad_data = grad.data_ptr();
@@ -104,6 +106,11 @@ class hook_registry {
     }
     entries_.emplace(key, entry{parameter, std::move(accumulator), grad.data_ptr(), std::move(name), {}});
   }
+
+  /// The rank named in this registry's errors (-1: not known).
+  void set_rank(int rank) noexcept { rank_ = rank; }
+  /// The rank named in this registry's errors (-1: not known).
+  [[nodiscard]] int rank() const noexcept { return rank_; }
 
   /// Number of bound keys.
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
@@ -116,14 +123,14 @@ class hook_registry {
   handle add_gradient_hook(std::size_t key, std::function<void()> on_ready) {
     auto it = entries_.find(key);
     if (it == entries_.end()) {
-      throw usage_error(-1, "libtorch::hook_registry::add_gradient_hook",
+      throw usage_error(rank_, "libtorch::hook_registry::add_gradient_hook",
                         "no parameter is bound to gradient " + std::to_string(key) +
                             ": bind every gradient the Bucketer has (register_module binds the module's), or call "
                             "mark_ready for it yourself instead of attach()");
     }
     entry& e = it->second;
     const std::uintptr_t torch_key = e.accumulator->add_post_hook(
-        std::make_unique<post_hook>(e.parameter, e.grad_data, e.name, std::move(on_ready)));
+        std::make_unique<post_hook>(e.parameter, e.grad_data, e.name, rank_, std::move(on_ready)));
     e.live.push_back(torch_key);
     return {key, torch_key};
   }
@@ -170,17 +177,18 @@ class hook_registry {
   // libtorch calls operator() after AccumulateGrad ran: parameter.grad() holds the final gradient.
   class post_hook final : public ::torch::autograd::FunctionPostHook {
    public:
-    post_hook(at::Tensor parameter, const void* grad_data, std::string name, std::function<void()> on_ready)
+    post_hook(at::Tensor parameter, const void* grad_data, std::string name, int rank, std::function<void()> on_ready)
         : parameter_(std::move(parameter)),
           grad_data_(grad_data),
           name_(std::move(name)),
+          rank_(rank),
           on_ready_(std::move(on_ready)) {}
 
     ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
                                                 const ::torch::autograd::variable_list& /*inputs*/) override {
       const at::Tensor& grad = parameter_.grad();
       if (!grad.defined() || grad.data_ptr() != grad_data_) {
-        throw usage_error(-1, "libtorch::hook_registry",
+        throw usage_error(rank_, "libtorch::hook_registry",
                           "the gradient of parameter '" + name_ +
                               (grad.defined() ? "' was reallocated" : "' was reset to undefined") +
                               " after it was registered, and the Bucketer reads the memory it was given. Zero "
@@ -195,6 +203,7 @@ class hook_registry {
     at::Tensor parameter_;
     const void* grad_data_;
     std::string name_;
+    int rank_;
     std::function<void()> on_ready_;
   };
 
@@ -207,6 +216,7 @@ class hook_registry {
   };
 
   std::map<std::size_t, entry> entries_;
+  int rank_ = -1;
 };
 
 static_assert(gradient_hook_registry<hook_registry>);

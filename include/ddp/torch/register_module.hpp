@@ -117,7 +117,8 @@ struct module_registration {
 template <bucketing_policy Policy>
 module_registration register_module(::torch::nn::Module& module, Bucketer<Policy>& grads, hook_registry& hooks) {
   module_registration out;
-  std::set<const void*> seen;  // TensorImpls: a parameter shared by two submodules is registered once
+  hooks.set_rank(grads.communicator().rank());  // its errors then name the rank, as the Bucketer's do
+  std::set<const void*> seen;                   // TensorImpls: a parameter shared by two submodules is registered once
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     at::Tensor parameter = item.value();
     const std::string& name = item.key();
@@ -138,7 +139,7 @@ module_registration register_module(::torch::nn::Module& module, Bucketer<Policy
       parameter.mutable_grad() = at::zeros_like(parameter, at::MemoryFormat::Contiguous);
     }
     at::Tensor grad = parameter.grad();
-    const std::size_t index = grads.add(ddp::view(parameter), ddp::view(grad));
+    const std::size_t index = grads.add(ddp::view(parameter), ddp::view(grad), name);  // named in its errors
     hooks.bind(index, parameter, name);
     out.parameters.push_back({name, index, {}});
   }
