@@ -484,7 +484,9 @@ class Bucketer {
     explicit no_sync_scope(Bucketer& b, bool enabled = true) : b_(enabled ? &b : nullptr) {
       if (b_ != nullptr) ++b_->no_sync_depth_;
     }
+    /// Takes over `other`'s scope; `other` then ends nothing.
     no_sync_scope(no_sync_scope&& other) noexcept : b_(std::exchange(other.b_, nullptr)) {}
+    /// Ends this scope, then takes over `other`'s.
     no_sync_scope& operator=(no_sync_scope&& other) noexcept {
       if (this != &other) {
         end();
