@@ -16,14 +16,20 @@
 ///   folds "a replica wants in" into the vote, so enrollments take effect at the next
 ///   `start_quorum()`.
 /// - **Quorum change** (after an error, a failed vote, or an enrollment request): every live
-///   replica enrolls in the store under a fresh generation (`stores::enroll`): the group forms with at
-///   least `max(min_replicas, majority of the previous quorum's members whose heartbeat is
-///   fresh)` members, so a partitioned minority cannot form a quorum and commit on its own.
-///   A new communicator is built for the group through the user's factory.
-/// - **Healing**: members exchange their step counters; members behind the highest step (or new)
-///   receive every registered state tensor and scalar from the up-to-date members, streamed in
+///   replica enrolls in generation g+1 (`stores::enroll_any`), g being the latest generation
+///   that closed. Each generation closes once (one atomic claim in the store), with at least
+///   `min_replicas` members of which a majority are generation g's members (exactly half
+///   counts if it includes g's rank 0); newcomers are admitted into that generation, never form
+///   one of their own. So quorums form a chain and never commit side by side
+///   (docs/fault-tolerance.md, "The quorum rule"). A new communicator is built for the group
+///   through the user's factory.
+/// - **Healing**: members exchange (step, fresh, layout, state size, needs healing); members
+///   behind receive every registered state tensor and scalar from the previous quorum's
+///   up-to-date members (never from a replica part-way through a heal), streamed in
 ///   chunks by broadcast, chunk k from source k mod (number of sources). A final allgather of
-///   state hashes proves every member holds the same bits. Healing completes inside
+///   state hashes proves every member holds the same bits; only then does a receiver take the
+///   sources' step (until then it reports "needs healing"). A replica whose layout differs or
+///   whose step is impossible is named and left out. Healing completes inside
 ///   `start_quorum()`, before the step's collectives. State tensors may be in device memory when
 ///   the factory builds device communicators (NCCL: nccl/manager_factory.hpp): the broadcasts
 ///   run on the device, and the hash reads the tensors back through `device_queue()`.
@@ -240,6 +246,7 @@ class Manager {
   /// heartbeat when due. Clears the previous step's error.
   /// @throws manager_error if no quorum could be formed within `quorum_timeout`
   void start_quorum() {
+    if (refused_) std::rethrow_exception(refused_);  // told once: its layout or step is wrong
     {
       std::lock_guard lk(error_mutex_);
       error_ = nullptr;
@@ -273,6 +280,9 @@ class Manager {
     span.set("commit", commit ? 1 : 0);
     if (vote[1]) needs_quorum_ = true;  // someone asked to join: re-form at the next start
     if (commit) {
+      if (step_ == std::numeric_limits<std::int64_t>::max()) {
+        throw manager_error(rank_, "Manager::should_commit", "the step counter would overflow");
+      }
       ++step_;
       ++stats_.commits;
       consecutive_failures_ = 0;
@@ -526,60 +536,103 @@ class Manager {
         comm_ = any_communicator();
         throw;
       } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
+        if (refused_) {                // this replica's layout or step is wrong: retrying cannot help
+          if (comm_) comm_.abort();
+          comm_ = any_communicator();
+          std::rethrow_exception(refused_);
+        }
         last_problem = e.what();
       }
     }
   }
 
+  // The latest generation whose membership closed, and its members. "current" is only a hint
+  // (its writer may lag or be overtaken): the closed lists, one per generation, are the truth.
+  std::pair<std::uint64_t, std::vector<std::string>> latest_installed() {
+    const detail::quorum_record hint = read_latest();
+    std::uint64_t gen = hint.generation;
+    std::vector<std::string> members = hint.members;
+    for (;;) {
+      const auto next = store_.get("g" + std::to_string(gen + 1) + "/members/closed");
+      if (!next) break;
+      ++gen;
+      members.clear();
+      for (auto& a : stores::detail::decode_members(to_text(*next))) members.push_back(std::move(a.id));
+    }
+    if (gen > hint.generation || members.empty()) return {gen, members};
+    // The hint's own list, if still there, is the authority on its members.
+    if (const auto own = store_.get("g" + std::to_string(gen) + "/members/closed")) {
+      members.clear();
+      for (auto& a : stores::detail::decode_members(to_text(*own))) members.push_back(std::move(a.id));
+    }
+    return {gen, members};
+  }
+
+  // The quorum rule. A group may form generation g+1 only if it holds more than half of
+  // generation g's members, or exactly half including g's rank 0 (any two such sets of g's
+  // members intersect). Each generation closes once (stores::enroll_any: one claim wins), and
+  // generation g+1 is only ever formed on top of g, so the quorums form one chain in which each
+  // holds a member that left its predecessor: no two quorums commit side by side.
+  static bool holds_majority(const std::vector<std::string>& base, const std::vector<std::string>& ids) {
+    if (base.empty()) return true;  // a job's first quorum: generation 1 closes once, whoever is in it
+    std::size_t in = 0;
+    for (const auto& b : base) in += std::find(ids.begin(), ids.end(), b) != ids.end() ? 1 : 0;
+    if (2 * in != base.size()) return 2 * in > base.size();
+    return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
+  }
+
   // One attempt at the next generation. Returns true once formed (and healed).
   bool try_form_quorum(clock::time_point deadline) {
     heartbeat(true);
-    const detail::quorum_record latest = read_latest();
+    const detail::quorum_record hint = read_latest();
+    auto [base_gen, base] = latest_installed();
     const bool member_of_latest =
-        generation_ == latest.generation &&
-        std::find(latest.members.begin(), latest.members.end(), opts_.replica_id) != latest.members.end();
-    if (!member_of_latest && signalled_after_ != latest.generation + 1) {
+        generation_ == base_gen && std::find(base.begin(), base.end(), opts_.replica_id) != base.end();
+    if (!member_of_latest && signalled_after_ != base_gen + 1) {
       store_.add("joins", 1);  // ask the running quorum to re-form with this replica
-      signalled_after_ = latest.generation + 1;
+      signalled_after_ = base_gen + 1;
     }
     std::vector<std::string> live;  // also named by the rendezvous' progress reports while missing
-    for (const auto& id : latest.members) {
+    for (const auto& id : base) {
       if (heartbeat_fresh(id)) live.push_back(id);
     }
     const int alive = static_cast<int>(live.size());
-    const int pending = detail::pending_joins(store_.add("joins", 0), latest.joins);
+    const int pending =
+        hint.generation == base_gen ? detail::pending_joins(store_.add("joins", 0), hint.joins) : 1 << 20;
     stores::group_options g;
-    g.min_members = std::max(opts_.min_replicas, alive / 2 + 1);  // a minority never forms a quorum
+    g.min_members = opts_.min_replicas;
+    g.admissible = [base](const std::vector<std::string>& ids) { return holds_majority(base, ids); };
     // Everyone expected arrived: close at once. At a job's start nobody knows how many will
     // come: wait `settle` after the minimum arrived.
-    g.max_members = latest.members.empty() ? INT_MAX : std::max(g.min_members, alive + pending);
+    g.max_members = base.empty() ? INT_MAX : std::max(g.min_members, std::min(alive + pending, INT_MAX / 2));
     g.settle = opts_.settle;
     g.progress = opts_.progress;
     g.expected = std::move(live);
     // Bounded attempts: a member that died a moment ago still counts as alive until its
-    // heartbeat expires; after that the next attempt asks for a smaller majority.
+    // heartbeat expires; each attempt reads the live members again.
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
     g.timeout = std::max(std::chrono::milliseconds(1), std::min(left, opts_.heartbeat_timeout + 4 * opts_.settle));
-    const std::uint64_t target = std::max(generation_, latest.generation) + 1;
-    generation_ = target;  // whatever happens, this generation is used up for us
+    const std::uint64_t target = base_gen + 1;
+    generation_ = target;
     stores::prefix_store<store_ref> gen_store(store_, "g" + std::to_string(target) + "/");
-    const stores::membership m = stores::enroll(gen_store, opts_.replica_id, g);
+    const stores::membership m = stores::enroll_any(gen_store, opts_.replica_id, g);
     rank_ = m.rank;
     size_ = m.size();
     members_ = m.members;
     // Join requests up to the record count as answered; later ones (a replica left out of this
     // group asks while the new members heal) must re-form it, so rank 0 keeps this very count.
     const std::int64_t joins_answered = m.rank == 0 ? store_.add("joins", 0) : 0;
-    if (m.rank == 0) {
+    if (m.rank == 0 && read_latest().generation < target) {
       const detail::quorum_record rec{target, joins_answered, m.members};
       store_.set("current", as_bytes(detail::encode_quorum_record(rec)));
     }
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
     comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
     check_state_placement();
-    exchange_and_heal();
-    // Keys of older generations are garbage now (gloo keys are write-once anyway).
-    if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/");
+    exchange_and_heal(base);
+    // The communicators' keys of older generations are garbage now (gloo keys are write-once
+    // anyway). Member lists stay: they are small, and they are the chain of generations.
+    if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
     join_requested_ = false;
     joins_at_formation_ = m.rank == 0 ? joins_answered : store_.add("joins", 0);
     needs_quorum_ = false;
@@ -615,7 +668,7 @@ class Manager {
 
   // FNV-1a over the state's bytes, the scalars and the step. Device tensors are copied to the
   // host first, chunk by chunk, on the communicator's stream (after the healing broadcasts).
-  [[nodiscard]] std::uint64_t state_hash() {
+  [[nodiscard]] std::uint64_t state_hash(std::int64_t step) {
     std::uint64_t h = detail::fnv1a_offset_basis;
     std::vector<std::byte> host;
     for (const tensor_view& t : tensors_()) {
@@ -637,37 +690,105 @@ class Manager {
       }
     }
     h = detail::fnv1a(std::as_bytes(scalars_()), h);
-    return detail::fnv1a_object(step_, h);
+    return detail::fnv1a_object(step, h);
   }
 
-  // Members exchange (step, fresh, layout, state size); those behind receive the state.
-  void exchange_and_heal() {
-    constexpr std::size_t words = 4;
+  // A replica whose words are wrong is left out: it is told (the error, kept in refused_, is
+  // thrown by every later start_quorum()), and the others form the next generation without it.
+  void refuse(const std::vector<std::pair<int, std::string>>& bad) {
+    for (const auto& [r, why] : bad) {
+      if (r != rank_) continue;
+      const std::string op = "Manager quorum " + std::to_string(generation_);
+      refused_ = why.find("layout") != std::string::npos ? std::make_exception_ptr(usage_error(rank_, op, why))
+                                                         : std::make_exception_ptr(manager_error(rank_, op, why));
+      std::rethrow_exception(refused_);
+    }
+    throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
+                              "left out: " + bad.front().second + "; re-forming without it");
+  }
+
+  // Members exchange (step, fresh, layout, state size, needs healing); those behind receive the
+  // state from members of the previous quorum that hold it.
+  void exchange_and_heal(const std::vector<std::string>& base) {
+    constexpr std::size_t words = 5;
     const auto n = static_cast<std::size_t>(size_);
     std::vector<std::int64_t> mine{step_, fresh_ ? 1 : 0, static_cast<std::int64_t>(layout_fingerprint_),
-                                   static_cast<std::int64_t>(state_bytes())};
+                                   static_cast<std::int64_t>(state_bytes()), needs_heal_ ? 1 : 0};
     std::vector<std::int64_t> all(words * n);
     comm_.allgather(view(mine), view(all)).wait();
+    const auto word = [&](std::size_t r, std::size_t k) { return all[r * words + k]; };
+    const auto carried = [&](std::size_t r) { return std::find(base.begin(), base.end(), members_[r]) != base.end(); };
+    // The layout most members of the previous quorum share (of all members at a job's start);
+    // ties go to the lowest rank. Replicas with another one are left out.
+    std::size_t ref = 0, ref_votes = 0;
     for (std::size_t r = 0; r < n; ++r) {
-      if (all[r * words + 2] != all[2] || all[r * words + 3] != all[3]) {
-        throw usage_error(rank_, "Manager quorum " + std::to_string(generation_),
-                          "replica " + members_[r] + " registered a different gradient layout or state size (" +
-                              std::to_string(all[r * words + 3]) + " state bytes) than replica " + members_[0] + " (" +
-                              std::to_string(all[3]) + ")");
+      std::size_t votes = 0;
+      for (std::size_t q = 0; q < n; ++q) {
+        votes += (base.empty() || carried(q)) && word(q, 2) == word(r, 2) && word(q, 3) == word(r, 3) ? 1 : 0;
+      }
+      if (votes > ref_votes) {
+        ref = r;
+        ref_votes = votes;
       }
     }
-    // Up-to-date sources: non-fresh members at the highest step; at a job's start, rank 0.
-    std::int64_t max_step = -1;
+    std::vector<std::pair<int, std::string>> bad;
+    std::vector<bool> ok(n, true);
     for (std::size_t r = 0; r < n; ++r) {
-      if (all[r * words + 1] == 0) max_step = std::max(max_step, all[r * words]);
+      if (word(r, 2) != word(ref, 2) || word(r, 3) != word(ref, 3)) {
+        bad.emplace_back(static_cast<int>(r), "replica " + members_[r] +
+                                                  " registered a different gradient layout or state size (" +
+                                                  std::to_string(word(r, 3)) + " state bytes) than replica " +
+                                                  members_[ref] + " (" + std::to_string(word(ref, 3)) + ")");
+        ok[r] = false;
+      } else if (word(r, 1) < 0 || word(r, 1) > 1 || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
+        bad.emplace_back(static_cast<int>(r), "replica " + members_[r] + " reported malformed words");
+        ok[r] = false;
+      }
     }
+    const auto up_to_date = [&](std::size_t r) { return ok[r] && word(r, 1) == 0 && word(r, 4) == 0; };
+    // Who holds the committed state: members of the previous quorum that are up to date (a
+    // replica that left earlier holds an older step; one that received part of a heal holds
+    // nothing). Their steps differ by at most one (a vote that completed on some of them only).
+    std::int64_t lo = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t r = 0; r < n; ++r) {
+      if (carried(r) && up_to_date(r)) lo = std::min(lo, word(r, 0));
+    }
+    const bool have_holder = lo != std::numeric_limits<std::int64_t>::max();
+    for (std::size_t r = 0; r < n; ++r) {
+      if (!up_to_date(r)) continue;
+      const bool ahead = word(r, 0) == std::numeric_limits<std::int64_t>::max() || (have_holder && word(r, 0) > lo + 1);
+      if (ahead) {
+        bad.emplace_back(static_cast<int>(r), "replica " + members_[r] + " reported step " +
+                                                  std::to_string(word(r, 0)) +
+                                                  ", ahead of every committed quorum (the previous quorum's members "
+                                                  "hold step " +
+                                                  std::to_string(lo) + ")");
+        ok[r] = false;
+      }
+    }
+    if (!bad.empty()) refuse(bad);
+    std::int64_t max_step = -1;
     std::vector<int> sources;
     for (std::size_t r = 0; r < n; ++r) {
-      if (all[r * words + 1] == 0 && all[r * words] == max_step) sources.push_back(static_cast<int>(r));
+      if (carried(r) && up_to_date(r)) max_step = std::max(max_step, word(r, 0));
+    }
+    for (std::size_t r = 0; r < n; ++r) {
+      if (carried(r) && up_to_date(r) && word(r, 0) == max_step) sources.push_back(static_cast<int>(r));
     }
     if (sources.empty()) {
-      sources.push_back(0);
-      max_step = all[0];
+      // Nobody here holds the committed state. Before the job's first heal completed nothing was
+      // committed, and any member's state may start it (a fresh one first); after, waiting for a
+      // holder is the only safe course.
+      if (store_.add("started", 0) > 0) {
+        throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
+                                  "no member holds the committed state (none of the previous quorum's up-to-date "
+                                  "members is here); waiting for one");
+      }
+      std::size_t first = 0;
+      while (first + 1 < n && word(first, 1) == 0) ++first;
+      if (word(first, 1) == 0) first = 0;
+      sources.push_back(static_cast<int>(first));
+      max_step = word(first, 0);
     }
     const bool i_recover = std::find(sources.begin(), sources.end(), rank_) == sources.end();
     const bool anyone_recovers = sources.size() < n;
@@ -681,6 +802,7 @@ class Manager {
       }
     }
     fresh_ = false;
+    if (rank_ == 0 && !started_) started_ = store_.add("started", 1) > 0;
   }
 
   void heal(const std::vector<int>& sources, std::int64_t max_step, bool receiving) {
@@ -697,6 +819,9 @@ class Manager {
     // spread. Up-to-date members receive bytes identical to their own.
     // All chunks are in flight at once; waiting drives them together.
     std::vector<work> transfers;
+    // From its first received byte until the hash check passes, a receiver holds nothing: it
+    // reports "needs healing" to every later quorum, never serves as a source, keeps its step.
+    if (receiving) needs_heal_ = true;
     for (const auto& t : tensors_()) {
       const std::size_t elem = size_of(t.type);
       const std::size_t per_chunk = std::max<std::size_t>(1, opts_.heal_chunk_bytes / elem);
@@ -716,9 +841,13 @@ class Manager {
     scalars.push_back(max_step);
     communicator_ref(comm_).broadcast(scalars, sources.front()).wait();
     std::copy(scalars.begin(), scalars.end() - 1, sc.begin());
-    step_ = scalars.back();
-    // Proof: every member now holds the same state.
-    std::vector<std::int64_t> h{static_cast<std::int64_t>(state_hash())};
+    if (scalars.back() != max_step) {
+      throw communication_error(
+          rank_, "Manager healing",
+          "the sources sent step " + std::to_string(scalars.back()) + ", expected " + std::to_string(max_step));
+    }
+    // Proof: every member now holds the same state, the sources' (hashed at the sources' step).
+    std::vector<std::int64_t> h{static_cast<std::int64_t>(state_hash(max_step))};
     std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
     comm_.allgather(view(h), view(all)).wait();
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -726,6 +855,10 @@ class Manager {
         throw communication_error(rank_, "Manager healing",
                                   "replica " + members_[r] + " holds a different state after healing");
       }
+    }
+    if (receiving) {
+      step_ = max_step;
+      needs_heal_ = false;
     }
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
     meter.finish();
@@ -759,6 +892,9 @@ class Manager {
   std::vector<std::string> members_;
   std::int64_t step_ = 0;
   bool fresh_ = true;
+  bool needs_heal_ = false;     // received part of a heal that has not passed its check
+  bool started_ = false;        // rank 0 saw the job's first heal complete
+  std::exception_ptr refused_;  // this replica was left out of quorums for good (refuse())
   int participants_ = 1;
   bool participating_ = true;
   bool needs_quorum_ = true;

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +50,9 @@ struct group_options {
   /// Reports the first arrival's wait (reported as rank 0: members present, who is missing).
   /// Default: lines on stderr for waits over 2 s (progress.hpp).
   progress_sink progress = print_progress();
+  /// `enroll_any` only: whether the ids present (in arrival order) may form the group, e.g. "they
+  /// hold a majority of the previous group". Null: any `min_members` may.
+  std::function<bool(const std::vector<std::string>&)> admissible{};
 };
 
 /// The agreed group, as one member sees it.
@@ -215,6 +219,117 @@ template <store S>
                                   " members; enroll in the next generation");
   }
   return m;
+}
+
+/// Like `enroll`, but any arrival may close the group, so a group whose first arrival left or
+/// died still forms; the Manager forms its quorums with it.
+///
+/// Protocol, in the namespace it is given:
+/// 1. Each process takes an arrival number from `members/arrivals` and publishes its id under
+///    `members/<arrival>`.
+/// `max_members` here only closes at once: every id present then is admitted.
+/// 2. Every arrival polls the ids present (published, not marked `members/gone/<arrival>`). Once
+///    they number `max_members`, or `min_members` and `settle` passed, and `opts.admissible`
+///    accepts them, it claims the close: `add("members/claim", 1) == 1`. Exactly one process
+///    wins the claim, whatever the timing; it writes the list to `members/closed`. Every process
+///    reads that one list, so one membership per namespace exists, ever.
+/// 3. An arrival that times out marks itself gone (a closer that has not read the mark yet may
+///    still list it: then it is a member after all, if the list appeared meanwhile).
+/// A process that dies between winning the claim and writing the list (one store write) leaves
+/// the namespace unclosed: its group never forms (documented in fault-tolerance.md).
+/// @throws timeout_error if no group including this process formed in time; communication_error
+///         if it formed without this process
+template <store S>
+[[nodiscard]] membership enroll_any(S& s, std::string_view id, const group_options& opts = {}) {
+  detail::check_key(id, "enroll");
+  if (opts.min_members < 1 || opts.max_members < opts.min_members) {
+    throw usage_error(-1, "enroll",
+                      "need 1 <= min_members <= max_members, got " + std::to_string(opts.min_members) + " and " +
+                          std::to_string(opts.max_members));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+  const std::int64_t counted = s.add("members/arrivals", 1);
+  if (counted < 1) {
+    throw communication_error(-1, "enroll",
+                              "malformed arrival counter 'members/arrivals' in the store (" + std::to_string(counted) +
+                                  " after counting this arrival)");
+  }
+  const std::int64_t me = counted - 1;
+  s.set("members/" + std::to_string(me), as_bytes(id));
+  const auto result = [&](const store_value& v) {
+    const auto closed = detail::decode_members(to_text(v));
+    membership m;
+    for (const auto& a : closed) {
+      if (a.index == me) {
+        if (a.id != id) {
+          throw communication_error(-1, "enroll",
+                                    "the member list in the store names arrival " + std::to_string(me) + " '" + a.id +
+                                        "', but this process is '" + std::string(id) + "'");
+        }
+        m.rank = static_cast<int>(m.members.size());
+      }
+      m.members.push_back(a.id);
+    }
+    if (m.rank < 0) {
+      throw communication_error(-1, "enroll",
+                                "arrived after the group closed with " + std::to_string(m.members.size()) +
+                                    " members; enroll in the next generation");
+    }
+    return m;
+  };
+  progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
+  stores::detail::backoff pause(std::chrono::milliseconds(5));
+  bool enough = false;
+  std::chrono::steady_clock::time_point enough_since{};
+  bool claimed_by_other = false;
+  for (;;) {
+    if (auto v = s.get("members/closed")) return result(*v);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      s.set("members/gone/" + std::to_string(me), as_bytes(std::string_view("1")));
+      if (auto v = s.get("members/closed")) return result(*v);  // listed before the mark was read
+      throw timeout_error(-1, "enroll",
+                          "no group formed within " + std::to_string(opts.timeout.count()) + " ms (at least " +
+                              std::to_string(opts.min_members) + " members" +
+                              (opts.admissible ? " that the caller admits" : "") + ")");
+    }
+    if (!claimed_by_other) {
+      const std::int64_t arrived = s.add("members/arrivals", 0);
+      std::vector<detail::arrival> present;
+      for (std::int64_t i = 0; i < arrived; ++i) {
+        const auto v = s.get("members/" + std::to_string(i));
+        if (!v || s.get("members/gone/" + std::to_string(i))) continue;  // not published yet, or left
+        std::string arrived_id = to_text(*v);
+        if (!detail::is_valid_key(arrived_id)) {
+          throw communication_error(-1, "enroll",
+                                    "malformed id under 'members/" + std::to_string(i) + "' in the store");
+        }
+        present.push_back({i, std::move(arrived_id)});
+      }
+      std::vector<std::string> ids;
+      for (const auto& a : present) ids.push_back(a.id);
+      const int n = static_cast<int>(present.size());
+      const bool ok = n >= opts.min_members && (!opts.admissible || opts.admissible(ids));
+      if (!ok) enough = false;
+      if (ok && !enough) {
+        enough = true;
+        enough_since = now;
+      }
+      if (me == 0 && meter.due()) {
+        meter.members(n, opts.expected.empty() ? opts.min_members : static_cast<int>(opts.expected.size()));
+      }
+      if (ok && (n >= opts.max_members || now - enough_since >= opts.settle)) {
+        if (s.add("members/claim", 1) == 1) {  // the one closer of this namespace
+          std::stable_sort(present.begin(), present.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+          s.set("members/closed", as_bytes(detail::encode_members(present)));
+          meter.finish();
+          continue;
+        }
+        claimed_by_other = true;  // its list appears in a moment
+      }
+    }
+    pause.sleep_until_next(deadline);
+  }
 }
 
 /// Former name of `enroll`, kept so that existing code compiles.
