@@ -86,6 +86,13 @@ struct commit_entry {
   std::uint64_t hash;
 };
 
+struct run_hooks {
+  std::function<void(std::int64_t step)> before_step;  // may throw crash or sleep
+  hooked_comm::hook comm;                              // intercepts the quorum's communicator
+  std::function<void(ddp::manager_options&)> options;
+  std::uint64_t layout_salt = 0;  // a replica configured with another layout
+};
+
 // What every replica reports, shared between threads.
 struct job {
   ddp::stores::memory_store store;
@@ -108,11 +115,7 @@ struct job {
     base.progress = {};
   }
 
-  struct hooks {
-    std::function<void(std::int64_t step)> before_step;  // may throw crash or sleep
-    hooked_comm::hook comm;                              // intercepts the quorum's communicator
-    std::function<void(ddp::manager_options&)> options;
-  };
+  using hooks = run_hooks;
 
   // Trains until `done(step, members)` holds on a committed step (every member of a quorum sees
   // the same step and members, so they stop together) or the replica dies.
@@ -141,7 +144,7 @@ struct job {
     ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
     grads.add(p, g);
     grads.build();
-    m.set_layout_fingerprint(grads.layout_fingerprint());
+    m.set_layout_fingerprint(grads.layout_fingerprint() + h.layout_salt);
     try {
       for (int guard = 0;; ++guard) {
         if (guard > 3000) throw std::runtime_error("no end after 3000 steps: the job never converged");
@@ -287,7 +290,7 @@ TEST_CASE("Manager: a healing source killed after its first chunk; the torn stat
     INFO("run " << run);
     job j;
     j.base.min_replicas = 1;
-    j.base.quorum_timeout = 1500ms;
+    j.base.quorum_timeout = 700ms;
     // "a" trains alone, "b" joins fresh; a dies after sending its first healing chunk. b holds
     // half a's bytes and half its own: it must neither commit nor serve them.
     std::atomic<bool> b_started{false};
@@ -389,5 +392,84 @@ TEST_CASE("Manager: a replica reporting an impossible step is named and left out
     REQUIRE(j.errors.count("r1") == 1);
     CHECK(j.errors["r1"].find("r1") != std::string::npos);
     CHECK(j.errors.size() == 1);
+  }
+}
+
+TEST_CASE("Manager: a replica with another layout is told so and left out; the others go on",
+          "[local][manager][split]") {
+  for (int run = 0; run < runs; ++run) {
+    INFO("run " << run);
+    job j;
+    std::atomic<bool> x_out{false};
+    const auto done = [&](std::int64_t s, const std::vector<std::string>& members) {
+      return s >= 10 && members.size() == 3 && x_out.load();
+    };
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r) ts.emplace_back([&, r] { j.run("r" + std::to_string(r), done); });
+    j.wait_for_step(2);
+    ts.emplace_back([&] {
+      job::hooks h;
+      h.layout_salt = 1;
+      j.run("x", done, h);
+      x_out = true;
+    });
+    for (auto& t : ts) t.join();
+    INFO(j.story());
+    j.check_invariants();
+    CHECK(j.max_step.load() >= 9);
+    REQUIRE(j.errors.count("x") == 1);
+    CHECK(j.errors["x"].find("replica x registered a different gradient layout") != std::string::npos);
+    CHECK(j.errors.size() == 1);
+  }
+}
+
+TEST_CASE("enroll_any: a group whose first arrival left still closes, without it", "[local][manager][store]") {
+  namespace st = ddp::stores;
+  st::memory_store s;
+  // The first arrival gives up before anyone else comes (a replica that timed out).
+  CHECK_THROWS_AS(st::enroll_any(s, "early", {.min_members = 2, .settle = 0ms, .timeout = 20ms}), ddp::timeout_error);
+  std::vector<st::membership> got(2);
+  std::thread a([&] { got[0] = st::enroll_any(s, "b", {.min_members = 2, .settle = 0ms, .timeout = 5s}); });
+  std::thread b([&] { got[1] = st::enroll_any(s, "c", {.min_members = 2, .settle = 0ms, .timeout = 5s}); });
+  a.join();
+  b.join();
+  CHECK(got[0].members == std::vector<std::string>{"b", "c"});
+  CHECK(got[1].members == got[0].members);
+  CHECK(got[0].rank == 0);
+  CHECK(got[1].rank == 1);
+}
+
+TEST_CASE("enroll_any: concurrent arrivals agree on one membership; the admissible rule holds",
+          "[local][manager][store]") {
+  namespace st = ddp::stores;
+  for (int run = 0; run < 20; ++run) {
+    INFO("run " << run);
+    st::memory_store s;
+    std::mutex mu;
+    std::set<std::vector<std::string>> lists;
+    int left_out = 0;
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 6; ++r) {
+      ts.emplace_back([&, r] {
+        st::group_options g{.min_members = 2, .settle = 0ms, .timeout = 5s};
+        // As the Manager's rule: at least two of p0..p2 (the "previous quorum").
+        g.admissible = [](const std::vector<std::string>& ids) {
+          return std::count_if(ids.begin(), ids.end(), [](const std::string& id) { return id < "p3"; }) >= 2;
+        };
+        try {
+          const auto m = st::enroll_any(s, "p" + std::to_string(r), g);
+          std::lock_guard lk(mu);
+          lists.insert(m.members);
+        } catch (const ddp::communication_error&) {  // closed without it
+          std::lock_guard lk(mu);
+          ++left_out;
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    REQUIRE(lists.size() == 1);
+    const auto& l = *lists.begin();
+    CHECK(static_cast<int>(l.size()) + left_out == 6);
+    CHECK(std::count_if(l.begin(), l.end(), [](const std::string& id) { return id < "p3"; }) >= 2);
   }
 }
