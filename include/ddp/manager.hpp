@@ -592,13 +592,15 @@ class Manager {
       store_.add("joins", 1);  // ask the running quorum to re-form with this replica
       signalled_after_ = base_gen + 1;
     }
+    // Join requests made before this attempt are answered by it. One made later, by a replica
+    // that found this generation closed without it, is after this read: it re-forms the quorum.
+    const std::int64_t joins_answered = store_.add("joins", 0);
     std::vector<std::string> live;  // also named by the rendezvous' progress reports while missing
     for (const auto& id : base) {
       if (heartbeat_fresh(id)) live.push_back(id);
     }
     const int alive = static_cast<int>(live.size());
-    const int pending =
-        hint.generation == base_gen ? detail::pending_joins(store_.add("joins", 0), hint.joins) : 1 << 20;
+    const int pending = hint.generation == base_gen ? detail::pending_joins(joins_answered, hint.joins) : 1 << 20;
     stores::group_options g;
     g.min_members = opts_.min_replicas;
     g.admissible = [base](const std::vector<std::string>& ids) { return holds_majority(base, ids); };
@@ -619,9 +621,6 @@ class Manager {
     rank_ = m.rank;
     size_ = m.size();
     members_ = m.members;
-    // Join requests up to the record count as answered; later ones (a replica left out of this
-    // group asks while the new members heal) must re-form it, so rank 0 keeps this very count.
-    const std::int64_t joins_answered = m.rank == 0 ? store_.add("joins", 0) : 0;
     if (m.rank == 0 && read_latest().generation < target) {
       const detail::quorum_record rec{target, joins_answered, m.members};
       store_.set("current", as_bytes(detail::encode_quorum_record(rec)));
@@ -634,7 +633,7 @@ class Manager {
     // anyway). Member lists stay: they are small, and they are the chain of generations.
     if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
     join_requested_ = false;
-    joins_at_formation_ = m.rank == 0 ? joins_answered : store_.add("joins", 0);
+    joins_at_formation_ = joins_answered;
     needs_quorum_ = false;
     ++stats_.quorums;
     std::string text = "quorum " + std::to_string(target) + " formed: " + std::to_string(m.size()) + " replicas [";

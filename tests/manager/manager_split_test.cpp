@@ -149,6 +149,7 @@ struct job {
       for (int guard = 0;; ++guard) {
         if (guard > 3000) throw std::runtime_error("no end after 3000 steps: the job never converged");
         m.start_quorum();
+        std::this_thread::sleep_for(1ms);  // "compute": join requests arrive between steps
         const std::int64_t s = m.step();
         if (h.before_step) h.before_step(s);
         const auto fresh = gradient(id, s, p);
@@ -388,7 +389,7 @@ TEST_CASE("Manager: a replica reporting an impossible step is named and left out
     INFO(j.story());
     j.check_invariants();
     CHECK(j.max_step.load() >= 11);
-    CHECK(j.max_step.load() < 1000);
+    CHECK(j.max_step.load() < 100000);  // no step taken from the lie (nor ++INT64_MAX)
     REQUIRE(j.errors.count("r1") == 1);
     CHECK(j.errors["r1"].find("r1") != std::string::npos);
     CHECK(j.errors.size() == 1);
