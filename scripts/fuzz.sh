@@ -2,7 +2,10 @@
 # Fuzzes every decoder of bytes another process wrote (stores, membership, Manager records; see
 # docs/fuzzing.md) for a bounded time, with libFuzzer under AddressSanitizer and UBSan.
 #
-#   scripts/fuzz.sh [seconds-per-target]        (default 60)
+#   scripts/fuzz.sh [--build-only | --no-build] [seconds-per-target]        (default 60)
+#
+# --build-only builds the fuzzers and stops; --no-build runs the ones built before (CI builds them,
+# then runs them as the stress stage's busy core: scripts/stress.sh, DDP_STRESS_HOG_FIRST).
 #
 # Configures and builds build/fuzz with clang++ (-DDDP_BUILD_FUZZERS=ON, fuzz targets only), then
 # runs each target for the given time over a scratch copy of its seed corpus (tests/fuzz/corpus/
@@ -16,6 +19,11 @@
 # of the targets), DDP_FUZZ_JOBS (build parallelism, default 2).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mode=all
+case "${1:-}" in
+  --build-only) mode=build; shift ;;
+  --no-build) mode=run; shift ;;
+esac
 secs=${1:-60}
 if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then
   echo "fuzz.sh: seconds per target must be a positive integer, got '$secs'" >&2
@@ -27,19 +35,27 @@ jobs=${DDP_FUZZ_JOBS:-2}
 start=$(date +%s)
 
 # 1. Configure (first time: Ninja when available) and build the fuzz targets only.
+if [ "$mode" != run ]; then
 generator=()
 if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
 mkdir -p "$build"
 if ! cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_COMPILER=clang++ -DDDP_BUILD_FUZZERS=ON -DDDP_BUILD_EXAMPLES=OFF -DDDP_BUILD_BENCH=OFF \
-      -DDDP_ENABLE_MPI=OFF -DDDP_ENABLE_NCCL=OFF -DDDP_INSTALL=OFF >"$build/fuzz-configure.log" 2>&1; then
+      -DDDP_ENABLE_MPI=OFF -DDDP_ENABLE_NCCL=OFF -DDDP_INSTALL=OFF -DDDP_WARNINGS_AS_ERRORS=ON \
+      >"$build/fuzz-configure.log" 2>&1; then
   cat "$build/fuzz-configure.log" >&2
   echo "fuzz.sh: configuring $build failed" >&2
   exit 1
 fi
 cmake --build "$build" -j "$jobs" --target ddp_fuzzers
+fi
 built=$(date +%s)
 echo "== fuzz.sh: built in $((built - start)) s"
+[ "$mode" = build ] && exit 0
+if [ ! -f "$build/tests/fuzz/fuzzers.txt" ]; then
+  echo "fuzz.sh: no fuzzers built in $build (run scripts/fuzz.sh --build-only first)" >&2
+  exit 2
+fi
 
 read -r -a targets <<<"${DDP_FUZZ_TARGETS:-$(tr '\n' ' ' <"$build/tests/fuzz/fuzzers.txt")}"
 runs="$build/fuzz-runs"

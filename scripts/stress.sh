@@ -1,22 +1,51 @@
 #!/usr/bin/env bash
 # The multi-process suites under load: MPI (seed 004 included), gloo and the launcher, each test
-# repeated until it fails (at most N times), while a busy loop keeps one core busy.
+# repeated until it fails (at most N times), while a busy process keeps one core busy.
 #
 #   scripts/stress.sh [build-dir (default build/default)] [repeats (default 3)]
+#
+# DDP_STRESS_HOG_FIRST="command": the busy process runs this single-threaded command first (CI: the
+# fuzzers, scripts/fuzz.sh --no-build), then a busy loop until the tests end; the run fails if the
+# command failed. Its output goes to <build-dir>/stress-hog.log, printed at the end.
 #
 # Needs a built tree (scripts/test.sh builds one). Exits non-zero if any run of any test fails.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$root/build/default}
 repeats=${2:-3}
+hog_first=${DDP_STRESS_HOG_FIRST:-}
+hog_log="$build/stress-hog.log"
+hog_status="$build/stress-hog.status"
+rm -f "$hog_log" "$hog_status"
 hog_pid=""
-stop_hog() { [ -n "$hog_pid" ] && kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null || true; }
+stop_hog() { [ -n "$hog_pid" ] && kill -- -"$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null || true; }
 trap stop_hog EXIT
-bash -c 'while :; do :; done' &
+# Its own process group (set -m), so that stopping it stops the command it runs too.
+set -m
+HOG_FIRST="$hog_first" HOG_LOG="$hog_log" HOG_STATUS="$hog_status" bash -c '
+  if [ -n "$HOG_FIRST" ]; then
+    rc=0
+    bash -c "$HOG_FIRST" >"$HOG_LOG" 2>&1 || rc=$?
+    echo "$rc" >"$HOG_STATUS"
+  fi
+  while :; do :; done' &
 hog_pid=$!
+set +m
 start=$(date +%s)
-echo "stress: $repeats repeats of the mpi, gloo and launcher tests beside a busy loop (pid $hog_pid);" \
+echo "stress: $repeats repeats of the mpi, gloo and launcher tests beside a busy process (pid $hog_pid${hog_first:+, first: $hog_first});" \
      "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # One at a time: MPI runs already oversubscribe the 2 cores.
 ctest --test-dir "$build" --output-on-failure -L 'mpi|gloo|launcher' --repeat "until-fail:$repeats"
 echo "stress: passed in $(( $(date +%s) - start )) s; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "$hog_first" ]; then
+  if [ ! -f "$hog_status" ]; then
+    # The tests ended first: let the command finish (the busy loop has not started yet).
+    while [ ! -f "$hog_status" ] && kill -0 "$hog_pid" 2>/dev/null; do sleep 1; done
+  fi
+  cat "$hog_log"
+  rc=$(cat "$hog_status" 2>/dev/null || echo "missing")
+  if [ "$rc" != 0 ]; then
+    echo "stress: the busy process's command failed (exit $rc): $hog_first" >&2
+    exit 1
+  fi
+fi

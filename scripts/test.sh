@@ -2,12 +2,27 @@
 # The whole test suite in one command: installs missing Debian packages, configures, builds
 # everything (library checks, tests, examples, benchmarks) and runs every ctest test, MPI runs with
 # 1-4 ranks included.
+#
+#   scripts/test.sh [--multi-process-in-stress] [cmake configure arguments...]
+#
+# --multi-process-in-stress: run the single-process tests here and leave the multi-process ones
+# (labels mpi, gloo, launcher) to scripts/stress.sh, which runs each of them three times beside a
+# busy core. CI does this (.ci/run), so no multi-process test runs a fourth, quiet time there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+multi_process=here
+if [ "${1:-}" = "--multi-process-in-stress" ]; then
+  multi_process=stress
+  shift
+fi
 "$root/scripts/install-deps.sh"
 build="${DDP_BUILD_DIR:-$root/build/default}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
 cmake --build "$build" -j "$(nproc)"
+if [ "$multi_process" = stress ]; then
+  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|gloo|launcher'
+  exit 0
+fi
 # MPI tests oversubscribe 2 cores already: run them one at a time, the rest in parallel.
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE mpi
 ctest --test-dir "$build" --output-on-failure -L mpi
