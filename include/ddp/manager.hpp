@@ -264,6 +264,7 @@ class Manager {
       throw usage_error(rank_, "Manager::should_commit", "called before start_quorum() formed a quorum");
     }
     timeline::scoped_span span(rec_, "manager", "commit vote");
+    raise_step_limit();
     std::int64_t vote[2] = {failed() ? 1 : 0, join_requested_ ? 1 : 0};
     if (!failed()) {
       std::vector<std::int64_t> words(vote, vote + 2);
@@ -634,6 +635,7 @@ class Manager {
     if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
     join_requested_ = false;
     joins_at_formation_ = joins_answered;
+    step_limit_ = 0;
     needs_quorum_ = false;
     ++stats_.quorums;
     std::string text = "quorum " + std::to_string(target) + " formed: " + std::to_string(m.size()) + " replicas [";
@@ -690,6 +692,20 @@ class Manager {
     }
     h = detail::fnv1a(std::as_bytes(scalars_()), h);
     return detail::fnv1a_object(step, h);
+  }
+
+  // Before a step can commit, the store's "step_limit" covers it: rank 0 raises it before the
+  // vote (every commit needs rank 0's vote), 1024 steps at a time, so a reported step above it
+  // is impossible. Monotone through add(): a stale rank 0 can only raise it, never lower it.
+  void raise_step_limit() {
+    if (rank_ != 0 || failed() || step_ < step_limit_) return;
+    try {
+      std::int64_t v = store_.add("step_limit", 0);
+      if (v <= step_) v = store_.add("step_limit", step_ + 1024 - v);
+      step_limit_ = v;
+    } catch (...) {
+      capture(std::current_exception());  // the step cannot commit without it
+    }
   }
 
   // A replica whose words are wrong is left out: it is told (the error, kept in refused_, is
@@ -753,15 +769,19 @@ class Manager {
       if (carried(r) && up_to_date(r)) lo = std::min(lo, word(r, 0));
     }
     const bool have_holder = lo != std::numeric_limits<std::int64_t>::max();
+    // No quorum ever committed beyond "step_limit" (raise_step_limit()).
+    const std::int64_t limit = store_.add("step_limit", 0);
     for (std::size_t r = 0; r < n; ++r) {
       if (!up_to_date(r)) continue;
-      const bool ahead = word(r, 0) == std::numeric_limits<std::int64_t>::max() || (have_holder && word(r, 0) > lo + 1);
+      const bool ahead = word(r, 0) == std::numeric_limits<std::int64_t>::max() || word(r, 0) > limit ||
+                         (have_holder && word(r, 0) > lo + 1);
       if (ahead) {
-        bad.emplace_back(static_cast<int>(r), "replica " + members_[r] + " reported step " +
-                                                  std::to_string(word(r, 0)) +
-                                                  ", ahead of every committed quorum (the previous quorum's members "
-                                                  "hold step " +
-                                                  std::to_string(lo) + ")");
+        bad.emplace_back(static_cast<int>(r),
+                         "replica " + members_[r] + " reported step " + std::to_string(word(r, 0)) +
+                             ", ahead of every committed quorum (the previous quorum's members "
+                             "hold step " +
+                             (have_holder ? std::to_string(lo) : std::string("none")) +
+                             ", no quorum may have committed beyond " + std::to_string(limit) + ")");
         ok[r] = false;
       }
     }
@@ -891,9 +911,10 @@ class Manager {
   std::vector<std::string> members_;
   std::int64_t step_ = 0;
   bool fresh_ = true;
-  bool needs_heal_ = false;     // received part of a heal that has not passed its check
-  bool started_ = false;        // rank 0 saw the job's first heal complete
-  std::exception_ptr refused_;  // this replica was left out of quorums for good (refuse())
+  bool needs_heal_ = false;      // received part of a heal that has not passed its check
+  bool started_ = false;         // rank 0 saw the job's first heal complete
+  std::int64_t step_limit_ = 0;  // rank 0: "step_limit" as last raised (steps below it may commit)
+  std::exception_ptr refused_;   // this replica was left out of quorums for good (refuse())
   int participants_ = 1;
   bool participating_ = true;
   bool needs_quorum_ = true;

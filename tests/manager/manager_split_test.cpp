@@ -474,3 +474,37 @@ TEST_CASE("enroll_any: concurrent arrivals agree on one membership; the admissib
     CHECK(std::count_if(l.begin(), l.end(), [](const std::string& id) { return id < "p3"; }) >= 2);
   }
 }
+
+TEST_CASE("Manager: the only up-to-date replica reporting a step no quorum reached is named",
+          "[local][manager][heal]") {
+  job j;
+  j.base.min_replicas = 1;
+  j.base.quorum_timeout = 700ms;
+  // x trains alone, then claims step 10^9 when y joins: nobody can contradict it but the store's
+  // step limit. y must not take that step (nor x's state): it waits for a holder and gives up.
+  std::atomic<bool> lie{false};
+  std::thread x([&] {
+    job::hooks h;
+    h.comm = [&](const char* op, tensor_view in, int) {
+      if (std::strcmp(op, "allgather") == 0 && lie.load() && in.type == ddp::dtype::i64 && in.count >= 4) {
+        static_cast<std::int64_t*>(in.data)[0] = 1'000'000'000;
+      }
+    };
+    j.run(
+        "x", [](std::int64_t, const std::vector<std::string>&) { return false; }, h);
+  });
+  j.wait_for_step(3);
+  lie = true;
+  std::thread y([&] { j.run("y", [](std::int64_t s, const std::vector<std::string>&) { return s >= 10; }); });
+  x.join();
+  y.join();
+  INFO(j.story());
+  j.check_invariants();
+  CHECK(j.max_step.load() < 100000);
+  REQUIRE(j.errors.count("x") == 1);
+  CHECK(j.errors["x"].find("replica x reported step 1000000000, ahead of every committed quorum") != std::string::npos);
+  std::lock_guard lk(j.mu);
+  for (const auto& [step, entries] : j.commits) {
+    for (const auto& e : entries) CHECK(e.id == "x");
+  }
+}
