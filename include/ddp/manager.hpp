@@ -522,7 +522,7 @@ class Manager {
             rank_, "Manager::start_quorum",
             "no quorum within " + std::to_string(opts_.quorum_timeout.count()) + " ms (need at least " +
                 std::to_string(opts_.min_replicas) +
-                " replicas and a majority of the live previous members); last problem: " + last_problem);
+                " replicas, a majority of them members of the previous quorum); last problem: " + last_problem);
       }
       if (comm_) comm_.abort();
       comm_ = any_communicator();
