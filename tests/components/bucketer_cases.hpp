@@ -827,7 +827,105 @@ inline void no_sync_scopes(ddp::communicator_ref comm) {
   SUITE_EXPECT(std::abs(g[3] - want) < 1e-12, "accumulated average " << g[3] << " != " << want);
 }
 
+// Every bucket's path is chosen once, when the layout is installed, and reported in
+// bucket_stats::path: the default hook divides in the copy unless a bucket's gradients are one
+// block (contiguous, or a single gradient), a registered hook copies plainly, zero-copy copies
+// nothing, and find_unused_parameters keeps every bucket on the copy path. Averages hold on each.
+inline void bucket_paths(ddp::communicator_ref comm) {
+  using ddp::bucket_path;
+  const int n = comm.size();
+  ddp::bucketing::fixed two_buckets;
+  two_buckets.explicit_layout.buckets = {{0, 1}, {2}};  // bucket 0: gradients 0 and 1; bucket 1: gradient 2
+  const auto step = [&](auto& b, std::vector<std::vector<float>>& grads, const char* what) {
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+      std::fill(grads[g].begin(), grads[g].end(), static_cast<float>(comm.rank() + 1 + static_cast<int>(g)));
+    }
+    for (std::size_t g = 0; g < b.size(); ++g) b.mark_ready(g);
+    b.finalize();
+    const float want = static_cast<float>(n + 1) / 2.0f;
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+      for (float v : grads[g]) {
+        SUITE_EXPECT(std::fabs(v - (want + static_cast<float>(g))) < 1e-5f,
+                     what << ": gradient " << g << " holds " << v << ", want " << want + static_cast<float>(g));
+      }
+    }
+  };
+  const auto paths = [](const auto& b) {
+    std::vector<bucket_path> out;
+    for (const auto& s : b.last_step().buckets) out.push_back(s.path);
+    return out;
+  };
+  const auto names = [](const std::vector<bucket_path>& ps) {
+    std::string out;
+    for (bucket_path p : ps) out += std::string(out.empty() ? "" : ", ") + std::string(ddp::name_of(p));
+    return out;
+  };
+  const auto expect = [&](const auto& b, std::vector<bucket_path> want, const char* what) {
+    SUITE_EXPECT(paths(b) == want, what << ": paths " << names(paths(b)) << ", want " << names(want));
+  };
+  const auto separate = [] {
+    return std::vector<std::vector<float>>{std::vector<float>(33), std::vector<float>(17), std::vector<float>(5)};
+  };
+  {  // default hook, separate gradients: bucket 0 is copied in divided, bucket 1 is one block
+    auto grads = separate();
+    ddp::Bucketer b(comm, two_buckets);
+    for (auto& g : grads) b.add(g);
+    step(b, grads, "default");
+    expect(b, {bucket_path::copy_divided, bucket_path::in_place}, "default hook");
+    SUITE_EXPECT(b.last_step().buckets[1].in_place, "a one-gradient bucket runs on the trainer's memory");
+  }
+  {  // contiguous gradients: both buckets in place
+    std::vector<float> flat(33 + 17 + 5);
+    std::vector<std::span<float>> grads{{flat.data(), 33}, {flat.data() + 33, 17}, {flat.data() + 50, 5}};
+    ddp::Bucketer b(comm, two_buckets);
+    for (auto& g : grads) b.add(g);
+    for (std::size_t g = 0; g < 3; ++g) b.mark_ready(g);
+    b.finalize();
+    expect(b, {bucket_path::in_place, bucket_path::in_place}, "contiguous");
+  }
+  {  // a registered hook: plain copies
+    auto grads = separate();
+    ddp::Bucketer b(comm, two_buckets);
+    b.register_comm_hook(ddp::hooks::allreduce_average{});
+    for (auto& g : grads) b.add(g);
+    step(b, grads, "hook");
+    expect(b, {bucket_path::copy_with_hook, bucket_path::copy_with_hook}, "registered hook");
+  }
+  {  // find_unused_parameters: the copy path, also for a one-gradient bucket
+    auto grads = separate();
+    ddp::Bucketer b(comm, two_buckets, {.find_unused_parameters = true});
+    for (auto& g : grads) b.add(g);
+    step(b, grads, "find_unused_parameters");
+    expect(b, {bucket_path::copy_divided, bucket_path::copy_divided}, "find_unused_parameters");
+  }
+  {  // zero-copy: the gradients live in the buckets
+    auto grads = separate();
+    ddp::Bucketer b(comm, two_buckets, {.zero_copy = true});
+    for (auto& g : grads) b.add(g);
+    b.build();
+    for (std::size_t g = 0; g < 3; ++g) {
+      auto v = b.gradient<float>(g);
+      std::fill(v.begin(), v.end(), static_cast<float>(comm.rank() + 1 + static_cast<int>(g)));
+      b.mark_ready(g);
+    }
+    b.finalize();
+    expect(b, {bucket_path::zero_copy, bucket_path::zero_copy}, "zero_copy");
+    const float want = static_cast<float>(n + 1) / 2.0f;
+    for (std::size_t g = 0; g < 3; ++g) {
+      for (float v : b.gradient<float>(g)) {
+        SUITE_EXPECT(std::fabs(v - (want + static_cast<float>(g))) < 1e-5f,
+                     "zero_copy: gradient " << g << " holds " << v);
+      }
+    }
+  }
+  SUITE_EXPECT(ddp::name_of(bucket_path::copy_divided) == "copy_divided" &&
+                   ddp::name_of(bucket_path::direct) == "direct" &&
+                   ddp::name_of(bucket_path::device_zero_copy) == "device_zero_copy",
+               "name_of(bucket_path)");
+}
+
 inline void run_all(ddp::communicator_ref comm) {
+  bucket_paths(comm);
   average_mixed_dtypes(comm);
   progress_thread_averages(comm);
   launch_order_and_custom_hook(comm);

@@ -142,6 +142,10 @@ inline void bucketer_copy_path(ddp::communicator_ref host) {
       }
     }
     SUITE_EXPECT(b.last_step().iteration == static_cast<std::uint64_t>(t + 1), "iteration count");
+    for (const auto& bs : b.last_step().buckets) {
+      SUITE_EXPECT(bs.path == ddp::bucket_path::device,
+                   "device buckets take the device path, not " << ddp::name_of(bs.path));
+    }
   }
 }
 
@@ -218,6 +222,10 @@ inline void bucketer_zero_copy(ddp::communicator_ref host) {
       for (std::size_t k = 0; k < shapes[i].count; ++k) {
         SUITE_EXPECT(close(p[k], average_of(host.size(), i, k, t)), "zero-copy step " << t << ", gradient " << i);
       }
+    }
+    for (const auto& bs : b.last_step().buckets) {
+      SUITE_EXPECT(bs.path == ddp::bucket_path::device_zero_copy,
+                   "zero-copy device buckets: " << ddp::name_of(bs.path));
     }
   }
 }

@@ -140,6 +140,8 @@ TEST_CASE("Bucketer over shm: direct path and join (a rank that ran out shadows 
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(r, 0, i, s);
       grads.mark_ready(0);
       grads.finalize();
+      SUITE_EXPECT(grads.last_step().buckets.at(0).path == ddp::bucket_path::direct,
+                   "the bucket reports the direct path");
       // Joined ranks contribute zeros; the divisor is the initial world size (the default).
       double want = 0;
       for (int q = 0; q < ranks; ++q) {
