@@ -23,8 +23,8 @@
 ///
 /// Each bucket takes one data path, chosen when the layout is installed and reported in
 /// `bucket_stats::path` (`bucket_path`: copy-divided, copy-with-hook, zero-copy, direct, in-place,
-/// device); every path gives the same bits. docs/bucketer.md describes them, device gradients,
-/// gradients that move, no_sync and the collectives each iteration issues.
+/// device); every path gives the same bits. docs/bucketer.md describes them, gradients that move,
+/// no_sync and the collectives each iteration issues; docs/gpu-training.md device gradients.
 ///
 /// Files. This header is the public class; its knobs, paths and statistics are in
 /// bucketer/options.hpp, and the engine behind it in bucketer/engine.hpp, over the bucket storage
