@@ -39,6 +39,7 @@
 /// Averaging divides by the number of participants actually present.
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -53,6 +54,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -582,6 +584,20 @@ class Manager {
     return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
   }
 
+  // The highest join ticket of `members` (0 if none asked): requests up to it include theirs.
+  std::int64_t latest_ticket(const std::vector<std::string>& members) {
+    std::int64_t latest = 0;
+    for (const auto& id : members) {
+      const auto v = store_.get("join_ticket/" + id);
+      if (!v) continue;
+      const std::string text = to_text(*v);
+      std::int64_t t = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
+      if (ec == std::errc() && end == text.data() + text.size()) latest = std::max(latest, t);
+    }
+    return latest;
+  }
+
   // One attempt at the next generation. Returns true once formed (and healed).
   bool try_form_quorum(clock::time_point deadline) {
     heartbeat(true);
@@ -590,7 +606,10 @@ class Manager {
     const bool member_of_latest =
         generation_ == base_gen && std::find(base.begin(), base.end(), opts_.replica_id) != base.end();
     if (!member_of_latest && signalled_after_ != base_gen + 1) {
-      store_.add("joins", 1);  // ask the running quorum to re-form with this replica
+      // Ask the running quorum to re-form with this replica; the ticket lets the quorum that
+      // admits it count the request as answered even when it was made after its rank 0 read.
+      const std::int64_t ticket = store_.add("joins", 1);
+      store_.set("join_ticket/" + opts_.replica_id, as_bytes(std::to_string(ticket)));
       signalled_after_ = base_gen + 1;
     }
     // Join requests made before this attempt are answered by it. One made later, by a replica
@@ -622,8 +641,10 @@ class Manager {
     rank_ = m.rank;
     size_ = m.size();
     members_ = m.members;
+    // Rank 0 polls the join counter from now on: every member's own request is answered.
+    const std::int64_t answered = m.rank == 0 ? std::max(joins_answered, latest_ticket(m.members)) : joins_answered;
     if (m.rank == 0 && read_latest().generation < target) {
-      const detail::quorum_record rec{target, joins_answered, m.members};
+      const detail::quorum_record rec{target, answered, m.members};
       store_.set("current", as_bytes(detail::encode_quorum_record(rec)));
     }
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
@@ -634,7 +655,7 @@ class Manager {
     // anyway). Member lists stay: they are small, and they are the chain of generations.
     if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
     join_requested_ = false;
-    joins_at_formation_ = joins_answered;
+    joins_at_formation_ = answered;
     step_limit_ = 0;
     needs_quorum_ = false;
     ++stats_.quorums;
