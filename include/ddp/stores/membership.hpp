@@ -124,6 +124,30 @@ void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const gr
   const int expected = opts.expected.empty() ? opts.min_members : static_cast<int>(opts.expected.size());
   meter.members(static_cast<int>(arrived), expected, std::move(missing));
 }
+
+// This process's place in the closed list `text`, where it is arrival `me` with id `id`.
+// @throws communication_error if the list names that arrival by another id (not this group's
+//         list), or does not name it (the group closed without it)
+[[nodiscard]] inline membership membership_in(const std::string& text, std::int64_t me, std::string_view id) {
+  membership m;
+  for (const auto& a : decode_members(text)) {
+    if (a.index == me) {
+      if (a.id != id) {
+        throw communication_error(-1, "enroll",
+                                  "the member list in the store names arrival " + std::to_string(me) + " '" + a.id +
+                                      "', but this process is '" + std::string(id) + "'");
+      }
+      m.rank = static_cast<int>(m.members.size());
+    }
+    m.members.push_back(a.id);
+  }
+  if (m.rank < 0) {
+    throw communication_error(-1, "enroll",
+                              "arrived after the group closed with " + std::to_string(m.members.size()) +
+                                  " members; enroll in the next generation");
+  }
+  return m;
+}
 }  // namespace detail
 
 /// Enrolls this process in the group forming in `s` (give it a fresh generation's namespace; see
@@ -199,26 +223,7 @@ template <store S>
     meter.finish();
   }
 
-  const auto closed = detail::decode_members(to_text(wait_get(s, "members/closed", left())));
-  membership m;
-  for (const auto& a : closed) {
-    if (a.index == me) {
-      // The list must name this arrival by the id it published, or it is not this group's list.
-      if (a.id != id) {
-        throw communication_error(-1, "enroll",
-                                  "the member list in the store names arrival " + std::to_string(me) + " '" + a.id +
-                                      "', but this process is '" + std::string(id) + "'");
-      }
-      m.rank = static_cast<int>(m.members.size());
-    }
-    m.members.push_back(a.id);
-  }
-  if (m.rank < 0) {
-    throw communication_error(-1, "enroll",
-                              "arrived after the group closed with " + std::to_string(m.members.size()) +
-                                  " members; enroll in the next generation");
-  }
-  return m;
+  return detail::membership_in(to_text(wait_get(s, "members/closed", left())), me, id);
 }
 
 /// Like `enroll`, but any arrival may close the group, so a group whose first arrival left or
@@ -256,27 +261,7 @@ template <store S>
   }
   const std::int64_t me = counted - 1;
   s.set("members/" + std::to_string(me), as_bytes(id));
-  const auto result = [&](const store_value& v) {
-    const auto closed = detail::decode_members(to_text(v));
-    membership m;
-    for (const auto& a : closed) {
-      if (a.index == me) {
-        if (a.id != id) {
-          throw communication_error(-1, "enroll",
-                                    "the member list in the store names arrival " + std::to_string(me) + " '" + a.id +
-                                        "', but this process is '" + std::string(id) + "'");
-        }
-        m.rank = static_cast<int>(m.members.size());
-      }
-      m.members.push_back(a.id);
-    }
-    if (m.rank < 0) {
-      throw communication_error(-1, "enroll",
-                                "arrived after the group closed with " + std::to_string(m.members.size()) +
-                                    " members; enroll in the next generation");
-    }
-    return m;
-  };
+  const auto result = [&](const store_value& v) { return detail::membership_in(to_text(v), me, id); };
   progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
   stores::detail::backoff pause(std::chrono::milliseconds(5));
   bool enough = false;
