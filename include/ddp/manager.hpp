@@ -602,7 +602,10 @@ class Manager {
   bool try_form_quorum(clock::time_point deadline) {
     heartbeat(true);
     const detail::quorum_record hint = read_latest();
-    auto [base_gen, base] = latest_installed();
+    // (no structured binding: clang < 16 cannot capture one in the admissibility lambda below)
+    auto latest = latest_installed();
+    const std::uint64_t base_gen = latest.first;
+    std::vector<std::string> base = std::move(latest.second);
     const bool member_of_latest =
         generation_ == base_gen && std::find(base.begin(), base.end(), opts_.replica_id) != base.end();
     if (!member_of_latest && signalled_after_ != base_gen + 1) {
