@@ -46,9 +46,7 @@ class bucketer_engine : protected bucketer_buckets {
  protected:
   bucketer_engine(communicator_ref comm, bucketer_options options, bool rebuilds)
       : bucketer_buckets(comm), opts_(options), rebuilds_(rebuilds), divisor_(comm.size()) {}
-  // Virtual: a Bucketer may be owned and deleted as such (unique_ptr<Bucketer<>>), and it has a
-  // virtual function.
-  virtual ~bucketer_engine() { progress_.stop(); }  // before the state it tests goes
+  virtual ~bucketer_engine() { progress_.stop(); }  // virtual: unique_ptr<Bucketer<>> deletes one
 
   // The policy's layout rebuilt from the ranks' agreed ready order (rebuilding policies only).
   [[nodiscard]] virtual bucket_layout rebuilt_layout(const std::vector<gradient_info>& grads,
