@@ -100,6 +100,40 @@ function(ddp_add_mpi_test name)
   endforeach()
 endfunction()
 
+# ddp_add_hosts_test(<name> COMMAND <exe-and-args...> SHAPES <HxR...> [TIMEOUT s] [LINK_RATE r]
+#                    [HOSTS_ONLY]) registers <name>.hosts<H>x<R> for each shape: the job across H
+# test hosts of R ranks each, made for it by `ddp-run --hosts` (network namespaces, real TCP
+# between them; docs/launching.md), label `hosts`. HOSTS_ONLY runs the program once beside the
+# hosts (it places its own processes on them). Exit 77 (skipped) where hosts cannot be made.
+function(ddp_add_hosts_test name)
+  cmake_parse_arguments(A "HOSTS_ONLY" "TIMEOUT;LINK_RATE" "COMMAND;SHAPES" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 60)
+  endif()
+  ddp_scale_test_timeouts()
+  math(EXPR limit "${A_TIMEOUT} * ${DDP_TEST_TIMEOUT_SCALE} - 5")
+  set(extra "")
+  if(A_LINK_RATE)
+    list(APPEND extra --link-rate ${A_LINK_RATE})
+  endif()
+  if(A_HOSTS_ONLY)
+    list(APPEND extra --hosts-only)
+  endif()
+  foreach(shape IN LISTS A_SHAPES)
+    string(REPLACE "x" ";" hr "${shape}")
+    list(GET hr 0 hosts)
+    list(GET hr 1 per_host)
+    math(EXPR ranks "${hosts} * ${per_host}")
+    add_test(NAME ${name}.hosts${shape}
+             COMMAND ${DDP_RUN} --hosts ${hosts} --ranks-per-host ${per_host} ${extra} --timeout ${limit}
+                     --grace 5 --mpiexec ${MPIEXEC_EXECUTABLE}
+                     --mpi-flags "${DDP_MPIEXEC_OVERSUBSCRIBE} ${MPIEXEC_PREFLAGS}" ${A_COMMAND} ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${name}.hosts${shape} PROPERTIES
+      LABELS hosts TIMEOUT ${A_TIMEOUT} PROCESSORS ${ranks} SKIP_RETURN_CODE 77
+      ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endforeach()
+endfunction()
+
 # ddp_scale_test_timeouts(): at the end of the calling directory's CMakeLists.txt, multiply the
 # TIMEOUT of every test registered there by DDP_TEST_TIMEOUT_SCALE (set_tests_properties reaches
 # only the current directory's tests, hence one deferred call per directory).

@@ -5,7 +5,7 @@
 # ddp::eigen), their tests and examples; libtorch-dev is large (about 1 GiB with its dependencies).
 set -euo pipefail
 packages=(cmake make g++ clang clang-format openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
-          doxygen pkg-config libtorch-dev libeigen3-dev)
+          doxygen pkg-config libtorch-dev libeigen3-dev iproute2 util-linux python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,9 +5,9 @@
 #
 #   scripts/test.sh [--multi-process-in-stress] [cmake configure arguments...]
 #
-# --multi-process-in-stress: run the single-process tests here and leave the multi-process ones
-# (labels mpi, gloo, launcher) to scripts/stress.sh, which runs each of them three times beside a
-# busy core. CI does this (.ci/run), so no multi-process test runs a fourth, quiet time there.
+# --multi-process-in-stress: run the single-process tests (and, once, the jobs across test hosts,
+# label hosts) here and leave the multi-process ones (labels mpi, gloo, launcher) to
+# scripts/stress.sh, which runs each of them three times beside a busy core. CI does this (.ci/run), so no multi-process test runs a fourth, quiet time there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 multi_process=here
@@ -19,10 +19,12 @@ fi
 build="${DDP_BUILD_DIR:-$root/build/default}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
 cmake --build "$build" -j "$(nproc)"
+# MPI tests (and jobs across test hosts, label hosts: docs/launching.md) oversubscribe 2 cores
+# already: run them one at a time, the rest in parallel.
 if [ "$multi_process" = stress ]; then
-  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|gloo|launcher'
+  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|gloo|launcher|hosts'
+  ctest --test-dir "$build" --output-on-failure -L hosts
   exit 0
 fi
-# MPI tests oversubscribe 2 cores already: run them one at a time, the rest in parallel.
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE mpi
-ctest --test-dir "$build" --output-on-failure -L mpi
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|hosts'
+ctest --test-dir "$build" --output-on-failure -L 'mpi|hosts'

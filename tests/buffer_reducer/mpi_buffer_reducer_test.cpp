@@ -10,6 +10,7 @@
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/mpi.hpp>
 #include <ddp/strategies/allreduce.hpp>
+#include <ddp/world.hpp>
 
 #include "buffer_reducer_suite.hpp"
 
@@ -34,6 +35,12 @@ TEST_CASE("mpi: seed 003, counts allreduced and a running mean broadcast, in exa
 
 TEST_CASE("mpi: every strategy, every dtype, copy and view paths", "[mpi][buffer_reducer]") {
   auto comm = ddp::mpi::communicator::world();
+  REQUIRE_NOTHROW(br_suite::every_strategy(comm));
+}
+
+TEST_CASE("ddp::world: every strategy, every dtype, copy and view paths", "[mpi][buffer_reducer][world]") {
+  ddp::mpi::environment env;    // MPI is running already: adopted
+  auto comm = ddp::world(env);  // across test hosts (ddp-run --hosts): the hierarchical path
   REQUIRE_NOTHROW(br_suite::every_strategy(comm));
 }
 

@@ -841,22 +841,38 @@ inline void bucket_paths(ddp::communicator_ref comm) {
   const auto separate = [] {
     return std::vector<std::vector<float>>{std::vector<float>(33), std::vector<float>(17), std::vector<float>(5)};
   };
-  {  // default hook, separate gradients: bucket 0 is copied in divided, bucket 1 is one block
-    auto grads = separate();
-    ddp::Bucketer b(comm, two_buckets);
-    for (auto& g : grads) b.add(g);
-    step(b, grads, "default");
-    expect(b, {bucket_path::copy_divided, bucket_path::in_place}, "default hook");
-    SUITE_EXPECT(b.last_step().buckets[1].in_place, "a one-gradient bucket runs on the trainer's memory");
-  }
-  {  // contiguous gradients: both buckets in place
-    std::vector<float> flat(33 + 17 + 5);
-    std::vector<std::span<float>> grads{{flat.data(), 33}, {flat.data() + 33, 17}, {flat.data() + 50, 5}};
-    ddp::Bucketer b(comm, two_buckets);
-    for (auto& g : grads) b.add(g);
-    for (std::size_t g = 0; g < 3; ++g) b.mark_ready(g);
-    b.finalize();
-    expect(b, {bucket_path::in_place, bucket_path::in_place}, "contiguous");
+  // A backend that stages its input (ddp::world) takes the direct path for every bucket of the
+  // default hook, unless the options turn it off; then the paths are those of any backend.
+  const bool staged = comm.stages_input();
+  for (const bool direct : {true, false}) {
+    if (!direct && !staged) break;  // direct_when_staged = false changes nothing without staging
+    const ddp::bucketer_options opts{.direct_when_staged = direct};
+    const bool direct_path = direct && staged;
+    const std::string what = direct_path ? " (direct)" : "";
+    {  // default hook, separate gradients: bucket 0 is copied in divided, bucket 1 is one block
+      auto grads = separate();
+      ddp::Bucketer b(comm, two_buckets, opts);
+      for (auto& g : grads) b.add(g);
+      step(b, grads, "default");
+      expect(b,
+             direct_path ? std::vector{bucket_path::direct, bucket_path::direct}
+                         : std::vector{bucket_path::copy_divided, bucket_path::in_place},
+             ("default hook" + what).c_str());
+      SUITE_EXPECT(direct_path || b.last_step().buckets[1].in_place,
+                   "a one-gradient bucket runs on the trainer's memory");
+    }
+    {  // contiguous gradients: both buckets in place
+      std::vector<float> flat(33 + 17 + 5);
+      std::vector<std::span<float>> grads{{flat.data(), 33}, {flat.data() + 33, 17}, {flat.data() + 50, 5}};
+      ddp::Bucketer b(comm, two_buckets, opts);
+      for (auto& g : grads) b.add(g);
+      for (std::size_t g = 0; g < 3; ++g) b.mark_ready(g);
+      b.finalize();
+      expect(b,
+             direct_path ? std::vector{bucket_path::direct, bucket_path::direct}
+                         : std::vector{bucket_path::in_place, bucket_path::in_place},
+             ("contiguous" + what).c_str());
+    }
   }
   {  // a registered hook: plain copies
     auto grads = separate();

@@ -1,4 +1,5 @@
 // Bucketer and JoinContext over real MPI processes: the same cases as over local threads.
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -6,7 +7,10 @@
 #include <catch2/catch.hpp>
 #include <ddp/mpi.hpp>
 #include <ddp/shm.hpp>
+#include <ddp/shm/mpi.hpp>
+#include <ddp/world.hpp>
 
+#include "../common/test_hosts.hpp"
 #include "average_cases.hpp"
 #include "bucketer_cases.hpp"
 #include "join_cases.hpp"
@@ -36,8 +40,24 @@ TEST_CASE("Averaging over MPI: every caller, the same bits, no f16 overflow", "[
 }
 
 TEST_CASE("Averaging over the shared-memory backend on MPI processes", "[mpi][average][shm]") {
+  if (test_hosts::count() > 1) {  // across test hosts: the hierarchical path (leaders over MPI)
+    auto comm = ddp::shm::mpi::world({.chunk_bytes = 4096});
+    REQUIRE(comm.topology().nodes == test_hosts::count());
+    REQUIRE_NOTHROW(average_cases::run_all(comm, "shm over mpi, across hosts"));
+    return;
+  }
   ddp::shm::communicator<ddp::mpi::communicator> comm(make_world(), {.chunk_bytes = 4096});
   REQUIRE_NOTHROW(average_cases::run_all(comm, "shm over mpi"));
+}
+
+// The default communicator (one node: shared memory; across test hosts: the hierarchical path).
+TEST_CASE("Bucketer, JoinContext and averaging over ddp::world", "[mpi][bucketer][join][world]") {
+  ddp::mpi::environment env;  // MPI is running already: adopted
+  auto comm = ddp::world(env);
+  REQUIRE(comm.topology().nodes == std::min(test_hosts::count(), comm.size()));
+  REQUIRE_NOTHROW(bucketer_cases::run_all(comm));
+  REQUIRE_NOTHROW(join_cases::run_all(comm));
+  REQUIRE_NOTHROW(average_cases::run_all(comm, "world"));
 }
 
 TEST_CASE("JoinContext over MPI", "[mpi][join]") {

@@ -10,11 +10,15 @@
 
 #include <cstring>
 
+#include "../common/test_hosts.hpp"
 #include "shm_cases.hpp"
 
 namespace {
 
 constexpr std::size_t small_chunk = 4096;  // many chunks per call, even for small tensors
+
+// Rounding levels of half types: once on one node, once more across test hosts (hierarchical).
+int levels() { return test_hosts::count() > 1 ? 2 : 1; }
 
 ddp::shm::mpi::setup_options posix() { return {.backing = ddp::shm::mpi::segment_backing::posix}; }
 
@@ -22,17 +26,18 @@ ddp::shm::mpi::setup_options posix() { return {.backing = ddp::shm::mpi::segment
 
 TEST_CASE("shm: suite and size classes, MPI window, small chunks", "[shm][suite]") {
   auto comm = ddp::shm::mpi::world({.chunk_bytes = small_chunk});
-  REQUIRE(comm.topology().nodes == 1);
-  REQUIRE(comm.topology().node_size == comm.size());
-  if (comm.size() > 1) REQUIRE(std::strcmp(comm.backing(), "mpi window") == 0);
-  REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "window"));
+  // One node, or one per test host (ddp-run --hosts: the same cases over the hierarchical path).
+  REQUIRE(comm.topology().nodes == test_hosts::count());
+  REQUIRE(comm.topology().node_size == comm.size() / test_hosts::count());
+  if (comm.topology().node_size > 1) REQUIRE(std::strcmp(comm.backing(), "mpi window") == 0);
+  REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "window", levels()));
   REQUIRE_NOTHROW(suite::large_allreduces_in_flight(comm, 20011));
 }
 
 TEST_CASE("shm: suite and size classes, POSIX segment, small chunks", "[shm][suite]") {
   auto comm = ddp::shm::mpi::world({.chunk_bytes = small_chunk}, posix());
-  if (comm.size() > 1) REQUIRE(std::strcmp(comm.backing(), "posix") == 0);
-  REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "posix"));
+  if (comm.topology().node_size > 1) REQUIRE(std::strcmp(comm.backing(), "posix") == 0);
+  REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "posix", levels()));
 }
 
 TEST_CASE("shm: default options (256 KiB chunks), sizes around the chunk", "[shm][suite]") {
@@ -42,13 +47,20 @@ TEST_CASE("shm: default options (256 KiB chunks), sizes around the chunk", "[shm
   for (ddp::dtype t : {ddp::dtype::f32, ddp::dtype::bf16, ddp::dtype::f64, ddp::dtype::i8}) {
     for (ddp::reduce_op op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::max}) {
       for (std::size_t n : shm_cases::size_classes(comm.size(), chunk / ddp::size_of(t))) {
-        REQUIRE_NOTHROW(shm_cases::check_allreduce(comm, t, op, n, "default"));
+        REQUIRE_NOTHROW(shm_cases::check_allreduce(comm, t, op, n, "default", levels()));
       }
     }
   }
 }
 
 TEST_CASE("shm: the generic constructor (host-name detection, POSIX segment) over any communicator", "[shm][suite]") {
+  if (test_hosts::count() > 1) {
+    // Across hosts the generic constructor needs the leaders' communicator: a usage error on every rank.
+    REQUIRE_THROWS_AS(
+        ddp::shm::communicator<ddp::mpi::communicator>(ddp::mpi::communicator::world(), {.chunk_bytes = small_chunk}),
+        ddp::usage_error);
+    return;
+  }
   ddp::shm::communicator<ddp::mpi::communicator> comm(ddp::mpi::communicator::world(), {.chunk_bytes = small_chunk});
   REQUIRE(comm.topology().nodes == 1);
   REQUIRE_NOTHROW(shm_cases::every_dtype_op_and_size(comm, small_chunk, "generic"));
@@ -63,8 +75,8 @@ TEST_CASE("shm: allreduce larger than 64 MiB", "[shm][large]") {
   auto comm = ddp::shm::mpi::world();
   REQUIRE_NOTHROW(suite::large_allreduce(comm));
   // bf16 above 64 MiB too: the block-wise conversions at scale, against the reference.
-  REQUIRE_NOTHROW(
-      shm_cases::check_allreduce(comm, ddp::dtype::bf16, ddp::reduce_op::avg, (64u << 20) / 2 + 4099, "large"));
+  REQUIRE_NOTHROW(shm_cases::check_allreduce(comm, ddp::dtype::bf16, ddp::reduce_op::avg, (64u << 20) / 2 + 4099,
+                                             "large", levels()));
 }
 
 TEST_CASE("shm: components pick it up unchanged (communicator_ref, concept)", "[shm]") {

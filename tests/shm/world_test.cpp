@@ -12,11 +12,13 @@
 #include <ddp/world.hpp>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "../common/test_hosts.hpp"
 #include "shm_cases.hpp"
 
 namespace {
@@ -81,20 +83,33 @@ void bucketer_direct_matches_copies(ddp::world_communicator& comm, const std::st
 
 }  // namespace
 
-TEST_CASE("ddp::world: one node, shared memory; the Bucketer's direct path", "[shm][world]") {
+TEST_CASE("ddp::world: the real nodes (one, or one per test host); the Bucketer's direct path", "[shm][world]") {
   ddp::mpi::environment env;  // MPI is running already: adopted
   auto comm = ddp::world(env);
-  REQUIRE(comm.topology().nodes == 1);
+  const int hosts = test_hosts::count();
+  REQUIRE(comm.topology().nodes == std::min(hosts, comm.size()));
   REQUIRE(comm.stages_input());
   REQUIRE(ddp::communicator_ref(comm).has_premul_sum());
-  REQUIRE_NOTHROW(bucketer_direct_matches_copies(comm, "one node"));
+  const std::string label = std::to_string(comm.topology().nodes) + " real node(s)";
+  REQUIRE_NOTHROW(bucketer_direct_matches_copies(comm, label));
+  if (hosts > 1) REQUIRE_NOTHROW(shm_cases::premul_sum_matches_scale_then_sum(comm, 4096, label));
 }
 
 TEST_CASE("ddp::world: simulated nodes (leaders over MPI); direct path and pre-multiplied sums", "[shm][world]") {
   ddp::mpi::environment env;
   int ranks = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  auto comm = ddp::world(env, {.chunk_bytes = 4096, .node_of_rank = shm_cases::halves(ranks)});
+  const auto halves = shm_cases::halves(ranks);
+  // Across test hosts (placed by block), halves that span a host are refused on every rank.
+  const int per_host = ranks / test_hosts::count();
+  bool spans_hosts = false;
+  for (int r = 1; r < ranks; ++r) spans_hosts |= halves[r] == halves[r - 1] && r / per_host != (r - 1) / per_host;
+  if (spans_hosts) {
+    REQUIRE_THROWS_WITH(ddp::world(env, {.node_of_rank = halves}),
+                        Catch::Contains("node_of_rank puts ranks of different hosts in node"));
+    return;
+  }
+  auto comm = ddp::world(env, {.chunk_bytes = 4096, .node_of_rank = halves});
   REQUIRE(comm.topology().nodes == (comm.size() > 1 ? 2 : 1));
   REQUIRE_NOTHROW(bucketer_direct_matches_copies(comm, "two nodes"));
   REQUIRE_NOTHROW(shm_cases::premul_sum_matches_scale_then_sum(comm, 4096, "two nodes"));

@@ -83,6 +83,24 @@ inline void check(int code, int rank, const char* call) {
 
 namespace detail {
 
+// A simulated node (`node_of_rank`) must lie within one real node: its ranks share one segment.
+// Collective over `all`; the same usage_error on every rank when some simulated node spans hosts.
+inline void check_within_hosts(MPI_Comm all, MPI_Comm simulated, int rank, int simulated_node) {
+  owned_comm real;
+  check(MPI_Comm_split_type(all, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, real.out()), rank, "MPI_Comm_split_type");
+  int host = rank;  // the real node's lowest rank names it
+  check(MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_INT, MPI_MIN, real.get()), rank, "MPI_Allreduce");
+  int span[2] = {host, -host};  // lowest and (negated) highest host among the simulated node's ranks
+  check(MPI_Allreduce(MPI_IN_PLACE, span, 2, MPI_INT, MPI_MIN, simulated), rank, "MPI_Allreduce");
+  int spanning = span[0] != -span[1] ? simulated_node : -1;
+  check(MPI_Allreduce(MPI_IN_PLACE, &spanning, 1, MPI_INT, MPI_MAX, all), rank, "MPI_Allreduce");
+  if (spanning >= 0) {
+    throw usage_error(rank, "shm::mpi::make_communicator",
+                      "node_of_rank puts ranks of different hosts in node " + std::to_string(spanning) +
+                          ": the ranks of a node share its memory, so they must run on one host");
+  }
+}
+
 // make_communicator's body; `env` (may be null) records the MPI communicators' failures.
 [[nodiscard]] inline mpi_communicator make(const ::ddp::mpi::environment* env, MPI_Comm parent, options opts,
                                            const setup_options& setup) {
@@ -107,6 +125,7 @@ namespace detail {
     }
     const node_topology given = node_topology::from_labels(rank, opts.node_of_rank);
     detail::check(MPI_Comm_split(work.get(), given.node, rank, node.out()), rank, "MPI_Comm_split");
+    check_within_hosts(work.get(), node.get(), rank, given.node);
   } else {
     detail::check(MPI_Comm_split_type(work.get(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node.out()), rank,
                   "MPI_Comm_split_type");
