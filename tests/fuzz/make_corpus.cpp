@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include <ddp/manager.hpp>
+#include <ddp/manager/record.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/codec.hpp>
 #include <ddp/stores/membership.hpp>

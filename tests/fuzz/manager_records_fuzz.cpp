@@ -1,6 +1,6 @@
-// Fuzz target: the records a Manager reads back from the store (manager.hpp): the quorum record
-// under "current" (written by the last quorum's rank 0) and the heartbeats under "hb/<id>". The
-// input is the stored text, decoded as both.
+// Fuzz target: the records a Manager reads back from the store (ddp/manager/record.hpp): the
+// quorum record under "current" (written by the last quorum's rank 0) and the heartbeats under
+// "hb/<id>". The input is the stored text, decoded as both.
 //
 // Properties: a malformed record is a communication_error (not a usage_error, a crash or UB); a
 // record that decodes is one a Manager could have written (generation >= 1 and below the
@@ -15,7 +15,7 @@
 #include <string>
 
 #include <ddp/error.hpp>
-#include <ddp/manager.hpp>
+#include <ddp/manager/record.hpp>
 
 #include "fuzz_check.hpp"
 

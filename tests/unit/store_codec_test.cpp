@@ -17,7 +17,7 @@
 
 #include <catch2/catch.hpp>
 #include <ddp/error.hpp>
-#include <ddp/manager.hpp>
+#include <ddp/manager/record.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/codec.hpp>
 #include <ddp/stores/file_store.hpp>

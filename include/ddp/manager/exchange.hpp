@@ -1,0 +1,169 @@
+#pragma once
+/// @file manager/exchange.hpp
+/// @brief What the members of a new quorum tell each other before training (step, fresh, layout,
+/// state size, needs healing), and what they decide from it: who is left out (a layout or state
+/// size that differs, malformed words, an impossible step), who holds the committed state and at
+/// which step; and the store's bound on committed steps ("step_limit"). Pure functions of the
+/// gathered words, so that they can run without a Manager (ddp/manager.hpp). Not for users; the
+/// rules are in docs/fault-tolerance.md, "The quorum rule".
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/error.hpp>
+#include <ddp/manager/options.hpp>
+#include <ddp/store.hpp>
+
+namespace ddp::detail {
+
+/// What one member reports when a quorum forms.
+struct member_report {
+  std::int64_t step = 0;                   ///< its committed steps
+  bool fresh = true;                       ///< it never belonged to a quorum that healed
+  std::uint64_t layout = 0;                ///< its gradient layout's fingerprint (0: none set)
+  std::size_t state_bytes = 0;             ///< bytes of its registered state tensors
+  bool needs_heal = false;                 ///< it received part of a heal that has not passed its check
+  static constexpr std::size_t words = 5;  ///< int64 words per member in the exchange
+  /// The words it contributes to the allgather, in this order.
+  [[nodiscard]] std::vector<std::int64_t> encode() const {
+    return {step, fresh ? 1 : 0, static_cast<std::int64_t>(layout), static_cast<std::int64_t>(state_bytes),
+            needs_heal ? 1 : 0};
+  }
+};
+
+/// A member left out of a quorum, and why.
+using refused_member = std::pair<int, std::string>;
+
+/// What the members decide from the exchange.
+struct heal_plan {
+  std::vector<refused_member> refused;  ///< members left out (then nothing else is decided)
+  std::vector<int> sources;             ///< ranks that hold the committed state; empty: none here
+  std::int64_t step = -1;               ///< the sources' step
+};
+
+/// Decides from `all` (the allgathered words, `member_report::words` per member in rank order)
+/// who is left out, and who holds the committed state: the members of the previous quorum `base`
+/// (all members at a job's start, `base` empty) that are up to date (not fresh, not part-way
+/// through a heal) and at their highest step. `step_limit`: the store's "step_limit".
+[[nodiscard]] inline heal_plan plan_heal(std::span<const std::int64_t> all, const std::vector<std::string>& members,
+                                         const std::vector<std::string>& base, std::int64_t step_limit) {
+  const std::size_t n = members.size();
+  const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
+  const auto carried = [&](std::size_t r) { return std::find(base.begin(), base.end(), members[r]) != base.end(); };
+  // The layout most members of the previous quorum share (of all members at a job's start);
+  // ties go to the lowest rank. Replicas with another one are left out.
+  std::size_t ref = 0, ref_votes = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    std::size_t votes = 0;
+    for (std::size_t q = 0; q < n; ++q) {
+      votes += (base.empty() || carried(q)) && word(q, 2) == word(r, 2) && word(q, 3) == word(r, 3) ? 1 : 0;
+    }
+    if (votes > ref_votes) {
+      ref = r;
+      ref_votes = votes;
+    }
+  }
+  heal_plan plan;
+  std::vector<bool> ok(n, true);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (word(r, 2) != word(ref, 2) || word(r, 3) != word(ref, 3)) {
+      plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] +
+                                                         " registered a different gradient layout or state size (" +
+                                                         std::to_string(word(r, 3)) + " state bytes) than replica " +
+                                                         members[ref] + " (" + std::to_string(word(ref, 3)) + ")");
+      ok[r] = false;
+    } else if (word(r, 1) < 0 || word(r, 1) > 1 || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
+      plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " reported malformed words");
+      ok[r] = false;
+    }
+  }
+  const auto up_to_date = [&](std::size_t r) { return ok[r] && word(r, 1) == 0 && word(r, 4) == 0; };
+  // Who holds the committed state: members of the previous quorum that are up to date (a
+  // replica that left earlier holds an older step; one that received part of a heal holds
+  // nothing). Their steps differ by at most one (a vote that completed on some of them only).
+  std::int64_t lo = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t r = 0; r < n; ++r) {
+    if (carried(r) && up_to_date(r)) lo = std::min(lo, word(r, 0));
+  }
+  const bool have_holder = lo != std::numeric_limits<std::int64_t>::max();
+  // No quorum ever committed beyond "step_limit" (raise_step_limit()).
+  for (std::size_t r = 0; r < n; ++r) {
+    if (!up_to_date(r)) continue;
+    const bool ahead = word(r, 0) == std::numeric_limits<std::int64_t>::max() || word(r, 0) > step_limit ||
+                       (have_holder && word(r, 0) > lo + 1);
+    if (ahead) {
+      plan.refused.emplace_back(static_cast<int>(r),
+                                "replica " + members[r] + " reported step " + std::to_string(word(r, 0)) +
+                                    ", ahead of every committed quorum (the previous quorum's members "
+                                    "hold step " +
+                                    (have_holder ? std::to_string(lo) : std::string("none")) +
+                                    ", no quorum may have committed beyond " + std::to_string(step_limit) + ")");
+      ok[r] = false;
+    }
+  }
+  if (!plan.refused.empty()) return plan;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (carried(r) && up_to_date(r)) plan.step = std::max(plan.step, word(r, 0));
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    if (carried(r) && up_to_date(r) && word(r, 0) == plan.step) plan.sources.push_back(static_cast<int>(r));
+  }
+  return plan;
+}
+
+/// When nobody holds the committed state before the job's first heal completed (nothing was
+/// committed yet), any member's state may start the job: the first fresh member's, else rank 0's.
+[[nodiscard]] inline heal_plan first_heal_plan(std::span<const std::int64_t> all, std::size_t n) {
+  const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
+  std::size_t first = 0;
+  while (first + 1 < n && word(first, 1) == 0) ++first;
+  if (word(first, 1) == 0) first = 0;
+  heal_plan plan;
+  plan.sources.push_back(static_cast<int>(first));
+  plan.step = word(first, 0);
+  return plan;
+}
+
+/// The error a member of quorum `generation` gets when `refused` (not empty) are left out: its
+/// own refusal if it is one of them (`mine`: a `usage_error` for a layout, a `manager_error` for
+/// the rest), kept for good, or a `communication_error` after which the others re-form without
+/// them.
+struct refusal {
+  std::exception_ptr error;  ///< to throw
+  bool mine = false;         ///< this member is left out
+};
+[[nodiscard]] inline refusal refusal_for(const std::vector<refused_member>& refused, int rank,
+                                         std::uint64_t generation) {
+  const std::string op = "Manager quorum " + std::to_string(generation);
+  for (const auto& entry : refused) {
+    if (entry.first != rank) continue;
+    const std::string& why = entry.second;
+    return {why.find("layout") != std::string::npos ? std::make_exception_ptr(usage_error(rank, op, why))
+                                                    : std::make_exception_ptr(manager_error(rank, op, why)),
+            true};
+  }
+  return {std::make_exception_ptr(
+              communication_error(rank, op, "left out: " + refused.front().second + "; re-forming without it")),
+          false};
+}
+
+/// The store's "step_limit": no quorum ever committed a step beyond it.
+[[nodiscard]] inline std::int64_t read_step_limit(store_ref store) { return store.add("step_limit", 0); }
+
+/// Before a step can commit, "step_limit" covers it: rank 0 raises it before the vote (every
+/// commit needs rank 0's vote), 1024 steps at a time, so a reported step above it is impossible.
+/// Monotone through add(): a stale rank 0 can only raise it, never lower it. Returns the limit.
+[[nodiscard]] inline std::int64_t raise_step_limit(store_ref store, std::int64_t step) {
+  std::int64_t v = read_step_limit(store);
+  if (v <= step) v = store.add("step_limit", step + 1024 - v);
+  return v;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,88 @@
+#pragma once
+/// @file manager/options.hpp
+/// @brief What a `Manager` (ddp/manager.hpp) is told and what it reports: its knobs
+/// (`manager_options`), the quorum its communicator factory builds for (`quorum_info`,
+/// `communicator_factory`), its events and counters (`manager_event`, `manager_stats`) and its
+/// error (`manager_error`). See docs/fault-tolerance.md.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ddp/any_communicator.hpp>
+#include <ddp/error.hpp>
+#include <ddp/progress.hpp>
+#include <ddp/store.hpp>
+
+namespace ddp {
+
+/// Knobs of the fault-tolerance protocol.
+struct manager_options {
+  /// This replica's name in the store (key characters). Ranks in a quorum follow name order.
+  std::string replica_id;
+  /// No step commits with fewer participants.
+  int min_replicas = 1;
+  /// Deadline for forming a quorum (including healing) before `start_quorum()` gives up.
+  std::chrono::milliseconds quorum_timeout{60000};
+  /// How often a replica writes its heartbeat, and rank 0 polls for enrollment requests.
+  std::chrono::milliseconds heartbeat_interval{100};
+  /// A member whose heartbeat is older is presumed dead when counting the majority.
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  /// After the minimum number of members arrived, how long to wait for the rest.
+  std::chrono::milliseconds settle{500};
+  /// `should_commit()` throws after this many consecutive failed steps.
+  int max_consecutive_failures = 20;
+  /// Healing broadcasts state in chunks of this size.
+  std::size_t heal_chunk_bytes = std::size_t{16} << 20;
+  /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
+  /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
+  bool healed_replicas_participate = true;
+  /// Reports long operations: healing (bytes, rate, time left) and quorum rendezvous (who has
+  /// not arrived). Default: lines on stderr from rank 0 for operations over 2 s (progress.hpp).
+  progress_sink progress = print_progress();
+};
+
+/// A quorum as the communicator factory sees it.
+struct quorum_info {
+  std::uint64_t generation = 0;      ///< increases with every quorum change
+  int rank = 0;                      ///< this replica's rank in the quorum
+  int size = 1;                      ///< members of the quorum
+  std::vector<std::string> members;  ///< replica ids in rank order
+  store_ref store;                   ///< namespace reserved for this generation's rendezvous
+};
+
+/// Builds the communicator of one quorum (gloo through the store, NCCL with its unique id in
+/// the store, local threads through a fabric, ...).
+using communicator_factory = std::function<any_communicator(const quorum_info&)>;
+
+/// What happened, for logs: quorum changes, discarded steps, healing.
+struct manager_event {
+  /// `quorum`: a new quorum formed; `healed`: this replica received state; `sent_state`: it
+  /// sent state to recovering replicas; `discarded`: a step did not commit; `error`: a
+  /// collective's error was captured.
+  enum class kind : unsigned char { quorum, healed, sent_state, discarded, error };
+  kind what = kind::quorum;  ///< kind of event
+  std::int64_t step = 0;     ///< committed steps when it happened
+  std::string text;          ///< human-readable details
+};
+
+/// Counters a trainer can print.
+struct manager_stats {
+  std::uint64_t quorums = 0;       ///< quorum changes (communicators built)
+  std::uint64_t commits = 0;       ///< steps that committed
+  std::uint64_t discarded = 0;     ///< steps that did not commit
+  std::uint64_t heals = 0;         ///< times this replica received state
+  std::uint64_t healed_bytes = 0;  ///< state bytes received, over all heals
+  double heal_ms = 0;              ///< time spent in the last healing transfer
+};
+
+/// Quorum could not be formed in time, or too many steps failed in a row.
+class manager_error : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
+}  // namespace ddp

@@ -1,0 +1,200 @@
+#pragma once
+/// @file manager/quorum.hpp
+/// @brief How a `Manager` (ddp/manager.hpp) forms a quorum in the store: the quorum rule (a
+/// majority of the previous generation), heartbeats, join requests and their tickets, enrollment
+/// in the next generation and the "current" record. Free functions over explicit inputs, so that
+/// they can run without a Manager. Not for users; the rule and why it cannot split are in
+/// docs/fault-tolerance.md, "The quorum rule".
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <ddp/manager/options.hpp>
+#include <ddp/manager/record.hpp>
+#include <ddp/store.hpp>
+#include <ddp/stores/membership.hpp>
+#include <ddp/stores/prefix_store.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp::detail {
+
+/// Wall-clock time, in ms since the epoch: what a heartbeat holds.
+[[nodiscard]] inline std::int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Whether the stored heartbeat `text` is one, and younger than `timeout` at `now_ms`.
+[[nodiscard]] inline bool heartbeat_fresh(std::string_view text, std::int64_t now_ms,
+                                          std::chrono::milliseconds timeout) noexcept {
+  const auto t = decode_heartbeat(text);
+  return t && now_ms - *t < timeout.count();
+}
+
+/// Whether replica `id` counts as alive for `opts.replica_id`: itself, or a fresh heartbeat under
+/// "hb/<id>".
+[[nodiscard]] inline bool replica_alive(store_ref store, const std::string& id, const manager_options& opts) {
+  if (id == opts.replica_id) return true;
+  const auto v = store.get("hb/" + id);
+  if (!v) return false;
+  return heartbeat_fresh(to_text(*v), wall_ms(), opts.heartbeat_timeout);
+}
+
+/// The "current" record (see encode_quorum_record), or an empty one (generation 0) if none.
+/// @throws communication_error if it is malformed
+[[nodiscard]] inline quorum_record read_quorum_record(store_ref store, int rank) {
+  const auto v = store.get("current");
+  if (!v) return {};
+  return decode_quorum_record(to_text(*v), rank);
+}
+
+/// The latest generation whose membership closed, and its members (empty before a job's first).
+struct installed_generation {
+  std::uint64_t generation = 0;      ///< 0: none closed yet
+  std::vector<std::string> members;  ///< its member list, in rank order
+};
+
+/// The latest generation whose membership closed. "current" is only a hint (its writer may lag or
+/// be overtaken): the closed lists, one per generation, are the truth.
+[[nodiscard]] inline installed_generation latest_installed(store_ref store, int rank) {
+  const auto ids = [](const store_value& list) {
+    std::vector<std::string> out;
+    for (auto& a : stores::detail::decode_members(to_text(list))) out.push_back(std::move(a.id));
+    return out;
+  };
+  const quorum_record hint = read_quorum_record(store, rank);
+  installed_generation latest{hint.generation, hint.members};
+  for (;;) {
+    const auto next = store.get("g" + std::to_string(latest.generation + 1) + "/members/closed");
+    if (!next) break;
+    ++latest.generation;
+    latest.members = ids(*next);
+  }
+  if (latest.generation > hint.generation || latest.members.empty()) return latest;
+  // The hint's own list, if still there, is the authority on its members.
+  if (const auto own = store.get("g" + std::to_string(latest.generation) + "/members/closed")) {
+    latest.members = ids(*own);
+  }
+  return latest;
+}
+
+/// The quorum rule. A group may form generation g+1 only if it holds more than half of
+/// generation g's members `base`, or exactly half including g's rank 0 (any two such sets of g's
+/// members intersect). Each generation closes once (stores::enroll_any: one claim wins), and
+/// generation g+1 is only ever formed on top of g, so the quorums form one chain in which each
+/// holds a member that left its predecessor: no two quorums commit side by side.
+[[nodiscard]] inline bool holds_majority(const std::vector<std::string>& base, const std::vector<std::string>& ids) {
+  if (base.empty()) return true;  // a job's first quorum: generation 1 closes once, whoever is in it
+  std::size_t in = 0;
+  for (const auto& b : base) in += std::find(ids.begin(), ids.end(), b) != ids.end() ? 1 : 0;
+  if (2 * in != base.size()) return 2 * in > base.size();
+  return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
+}
+
+/// The highest join ticket of `members` (0 if none asked): requests up to it include theirs.
+[[nodiscard]] inline std::int64_t latest_ticket(store_ref store, const std::vector<std::string>& members) {
+  std::int64_t latest = 0;
+  for (const auto& id : members) {
+    const auto v = store.get("join_ticket/" + id);
+    if (!v) continue;
+    const std::string text = to_text(*v);
+    std::int64_t t = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
+    if (ec == std::errc() && end == text.data() + text.size()) latest = std::max(latest, t);
+  }
+  return latest;
+}
+
+/// The group that may close generation g+1 on top of g's members `base` (empty at a job's
+/// start): at least `min_replicas` members holding a majority of `base`. It closes at once when
+/// everyone expected arrived (the `live` members of `base` and `pending` join requests); at a
+/// job's start nobody knows how many will come, so it waits `settle` after the minimum arrived.
+/// Attempts are bounded (at most `left`): a member that died a moment ago still counts as alive
+/// until its heartbeat expires, and each attempt reads the live members again.
+[[nodiscard]] inline stores::group_options quorum_group(const std::vector<std::string>& base,
+                                                        std::vector<std::string> live, int pending,
+                                                        const manager_options& opts, std::chrono::milliseconds left) {
+  const int alive = static_cast<int>(live.size());
+  stores::group_options g;
+  g.min_members = opts.min_replicas;
+  g.admissible = [base](const std::vector<std::string>& ids) { return holds_majority(base, ids); };
+  g.max_members = base.empty() ? INT_MAX : std::max(g.min_members, std::min(alive + pending, INT_MAX / 2));
+  g.settle = opts.settle;
+  g.progress = opts.progress;
+  g.expected = std::move(live);  // also named by the rendezvous' progress reports while missing
+  g.timeout = std::max(std::chrono::milliseconds(1), std::min(left, opts.heartbeat_timeout + 4 * opts.settle));
+  return g;
+}
+
+/// One replica's enrollment in the next generation.
+struct enrollment {
+  std::uint64_t generation = 0;     ///< the generation enrolled in: the latest closed one + 1
+  std::vector<std::string> base;    ///< the latest closed generation's members (empty at a job's start)
+  std::int64_t joins_answered = 0;  ///< the join counter before enrolling: requests up to it are answered
+  stores::membership membership;    ///< the group that closed, as this replica sees it
+};
+
+/// Enrolls `opts.replica_id` in generation g+1, g being the latest generation that closed. A
+/// replica that is not a member of g asks the running quorum to re-form with it first (once per
+/// generation): it bumps the join counter "joins" and stores the ticket it got under
+/// "join_ticket/<id>", which lets the quorum that admits it count the request as answered even when
+/// it was made after its rank 0 read the counter.
+/// @param rank             this replica's rank so far (names it in errors)
+/// @param generation       in: the generation this replica belongs to (or last tried); out: g+1,
+///                         set before enrolling (also when enrolling throws)
+/// @param signalled_after  in/out: the generation this replica last asked to join
+/// @throws ddp::error if the group does not close in time, or the store fails
+[[nodiscard]] inline enrollment enroll_next_generation(store_ref store, const manager_options& opts,
+                                                       clock::time_point deadline, int rank, std::uint64_t& generation,
+                                                       std::uint64_t& signalled_after) {
+  const quorum_record hint = read_quorum_record(store, rank);
+  installed_generation latest = latest_installed(store, rank);
+  const std::uint64_t base_gen = latest.generation;
+  std::vector<std::string> base = std::move(latest.members);
+  const bool member_of_latest =
+      generation == base_gen && std::find(base.begin(), base.end(), opts.replica_id) != base.end();
+  if (!member_of_latest && signalled_after != base_gen + 1) {
+    const std::int64_t ticket = store.add("joins", 1);
+    store.set("join_ticket/" + opts.replica_id, as_bytes(std::to_string(ticket)));
+    signalled_after = base_gen + 1;
+  }
+  // Join requests made before this attempt are answered by it. One made later, by a replica
+  // that found this generation closed without it, is after this read: it re-forms the quorum.
+  const std::int64_t joins_answered = store.add("joins", 0);
+  std::vector<std::string> live;
+  for (const auto& id : base) {
+    if (replica_alive(store, id, opts)) live.push_back(id);
+  }
+  const int pending = hint.generation == base_gen ? pending_joins(joins_answered, hint.joins) : 1 << 20;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+  const stores::group_options g = quorum_group(base, std::move(live), pending, opts, left);
+  const std::uint64_t target = base_gen + 1;
+  generation = target;
+  stores::prefix_store<store_ref> gen_store(store, "g" + std::to_string(target) + "/");
+  stores::membership m = stores::enroll_any(gen_store, opts.replica_id, g);
+  return {target, std::move(base), joins_answered, std::move(m)};
+}
+
+/// After `e` closed: the join requests its quorum answers, and, by its rank 0, the "current"
+/// record (unless a later quorum's rank 0 wrote one already). Rank 0 polls the join counter from
+/// now on, so it answers every member's own request too (up to their highest ticket).
+[[nodiscard]] inline std::int64_t publish_quorum(store_ref store, const enrollment& e) {
+  const stores::membership& m = e.membership;
+  const std::int64_t answered =
+      m.rank == 0 ? std::max(e.joins_answered, latest_ticket(store, m.members)) : e.joins_answered;
+  if (m.rank == 0 && read_quorum_record(store, m.rank).generation < e.generation) {
+    const quorum_record rec{e.generation, answered, m.members};
+    store.set("current", as_bytes(encode_quorum_record(rec)));
+  }
+  return answered;
+}
+
+}  // namespace ddp::detail
