@@ -1,0 +1,238 @@
+// The Manager over gloo across test hosts (run by `ddp-run --hosts 3 --hosts-only`): one replica
+// per host, each a process that enters its host's network namespace; the Manager's store is Redis
+// on h1; gloo listens on each host's own interface. Checked, from the records every replica
+// writes (tests/gloo/manager_trainer.hpp): one state and one member list per committed step and
+// per generation, and:
+// - a host's link cut mid-training: the majority goes on committing without a hang (the cut
+//   host can reach neither its peers nor the store, so it forms no quorum of its own); the link
+//   restored: the host's replica rejoins, heals and ends with the survivors' bits;
+// - a host's processes killed and its replica restarted: the others go on; it heals and rejoins.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <ddp/stores/file_store.hpp>
+#include <ddp/stores/redis_store.hpp>
+
+#include "../gloo/manager_trainer.hpp"
+#include "../gloo/process_group.hpp"
+#include "../gloo/redis_server.hpp"
+
+using namespace std::chrono_literals;
+using gloo_test::temp_dir;
+
+namespace {
+
+constexpr int redis_port = 6390;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    throw std::runtime_error(std::string(name) + " is not set: run this test with `ddp-run --hosts 3 --hosts-only`");
+  }
+  return v;
+}
+
+// This process joins host `host`'s network (its namespace, made by ddp-hosts).
+void enter_host(const std::string& host) {
+  const std::string path = "/run/netns/" + env("DDP_HOSTS_ID") + "-" + host;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) throw std::runtime_error("cannot enter " + path);
+  ::close(fd);
+}
+
+// ddp-hosts on this cluster: "link h3 down", "kill h2".
+void hosts_tool(const std::string& args) {
+  const std::string cmd = env("DDP_HOSTS_TOOL") + " " + args.substr(0, args.find(' ')) + " " + env("DDP_HOSTS_ID") +
+                          args.substr(args.find(' '));
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+
+// redis-server on h1, reachable from every host; stopped (SIGKILL) with the object.
+class redis_on_h1 {
+ public:
+  redis_on_h1() {
+    const auto exe = gloo_test::find_redis_server();
+    if (!exe) throw std::runtime_error("redis-server not found");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      enter_host("h1");
+      const std::string port = std::to_string(redis_port);
+      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "10.77.0.1", "--save", "",
+              "--appendonly", "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "warning",
+              static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+  }
+  redis_on_h1(const redis_on_h1&) = delete;
+  redis_on_h1& operator=(const redis_on_h1&) = delete;
+  ~redis_on_h1() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+ddp::stores::redis_options store_options() {
+  ddp::stores::redis_options o;
+  o.host = "10.77.0.1";
+  o.port = redis_port;
+  o.connect_timeout = 1s;
+  o.command_timeout = 2s;
+  return o;
+}
+
+// The Manager's store, once Redis answers (it may still be starting).
+ddp::stores::redis_store connect_store() {
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  for (;;) {
+    try {
+      return ddp::stores::redis_store(store_options());
+    } catch (const ddp::error& e) {
+      CHILD_CHECK(std::chrono::steady_clock::now() < deadline, "Redis on h1 never answered: " << e.what());
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+}
+
+gloo_test::trainer_setup setup_for(const std::filesystem::path& records) {
+  gloo_test::trainer_setup s{.records = records, .min_replicas = 2, .quorum_timeout = 30s};
+  s.gloo.interface = env("DDP_HOSTS_IFNAME");  // each host's own address, not loopback
+  return s;
+}
+
+// A replica on `host` that survives losing its network: whatever its Manager throws (the store
+// or the peers unreachable), it starts again as a restarted process would, fresh state included,
+// until `done`. Reports how many times it restarted.
+void resilient_replica(const std::string& host, const std::string& id, const std::filesystem::path& records,
+                       const std::function<bool(std::int64_t, const std::vector<std::string>&)>& done,
+                       const gloo_test::reporter& out) {
+  enter_host(host);
+  const auto deadline = std::chrono::steady_clock::now() + 90s;
+  for (int restarts = 0;; ++restarts) {
+    try {
+      auto store = connect_store();
+      gloo_test::train(store, setup_for(records), id, 0, done);
+      out.set("restarts", std::to_string(restarts));
+      return;
+    } catch (const ddp::error& e) {
+      CHILD_CHECK(std::chrono::steady_clock::now() < deadline, "no end within 90 s; last error: " << e.what());
+      out.say("restart after: " + std::string(e.what()).substr(0, 200));
+      std::this_thread::sleep_for(200ms);
+    }
+  }
+}
+
+std::int64_t progress(const std::filesystem::path& records) {
+  return ddp::stores::file_store(records).add("progress", 0);
+}
+
+// Waits until the job committed `steps` steps (any replica), up to `limit`.
+bool wait_progress(const std::filesystem::path& records, std::int64_t steps, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (progress(records) < steps) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// The step of the last commit `id` recorded, or -1.
+std::int64_t last_commit(const std::filesystem::path& records, const std::string& id, std::int64_t up_to) {
+  ddp::stores::file_store r(records);
+  for (std::int64_t s = up_to; s >= 0; --s) {
+    if (r.get("c/" + std::to_string(s) + "/" + id)) return s;
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("Manager across hosts: a host's link cut, the majority goes on; restored, it heals and rejoins",
+          "[hosts][manager]") {
+  temp_dir records("hosts-manager-cut");
+  redis_on_h1 redis;
+  const std::vector<std::string> ids{"r1", "r2", "r3"};
+  constexpr std::int64_t cut_at = 10, during_cut = 15, end_at = 60;
+  // Everyone ends once all three committed together, well after the link came back.
+  const auto done = [&](std::int64_t s, const std::vector<std::string>& members) {
+    return s >= end_at && members.size() == 3;
+  };
+  gloo_test::process_group group(3, [&](int rank, const gloo_test::reporter& out) {
+    const std::string host = "h" + std::to_string(rank + 1);
+    resilient_replica(host, ids[static_cast<std::size_t>(rank)], records.path(), done, out);
+  });
+  REQUIRE(wait_progress(records.path(), cut_at, 60s));
+  hosts_tool("link h3 down");
+  const auto cut = std::chrono::steady_clock::now();
+  const std::int64_t at_cut = progress(records.path());
+  // The two connected hosts are a majority of the last quorum: they commit without h3.
+  const bool went_on = wait_progress(records.path(), at_cut + during_cut, 45s);
+  const std::int64_t before_restore = progress(records.path());
+  std::printf("link cut: the majority committed %ld steps without h3 in %.2f s\n",
+              static_cast<long>(before_restore - at_cut),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count());
+  const std::int64_t r3_last_during_cut = last_commit(records.path(), "r3", before_restore);
+  hosts_tool("link h3 up");
+  const auto outs = group.wait_all(90s);
+  INFO(gloo_test::describe_all(outs));
+  CHECK(went_on);
+  for (const auto& o : outs) CHECK(o.ok());
+  // h1 and h2 never had to restart (h3 may have: its Manager retries the store until its
+  // quorum_timeout, and gives up only if the cut lasts longer).
+  CHECK(outs[0].value("restarts") == "0");
+  CHECK(outs[1].value("restarts") == "0");
+  // h3 committed nothing while cut off (a few steps may have been in flight at the cut).
+  INFO("progress at the cut " << at_cut << ", before the restore " << before_restore << "; r3's last commit then "
+                              << r3_last_during_cut);
+  CHECK(r3_last_during_cut <= at_cut + 1);
+  gloo_test::check_records(records.path(), ids, end_at + 5, 200);
+  // ... and then committed with the others, with the same bits (check_records compares them).
+  CHECK(last_commit(records.path(), "r3", end_at + 5) >= end_at - 1);
+}
+
+TEST_CASE("Manager across hosts: a host's processes killed, its replica restarted; it heals and rejoins",
+          "[hosts][manager]") {
+  temp_dir records("hosts-manager-kill");
+  redis_on_h1 redis;
+  const std::vector<std::string> ids{"r1", "r2", "r3"};
+  constexpr std::int64_t kill_at = 10, end_at = 45;
+  const auto done = [&](std::int64_t s, const std::vector<std::string>& members) {
+    return s >= end_at && members.size() == 3;
+  };
+  gloo_test::process_group survivors(2, [&](int rank, const gloo_test::reporter& out) {
+    const std::string host = rank == 0 ? "h1" : "h3";
+    resilient_replica(host, rank == 0 ? "r1" : "r3", records.path(), done, out);
+  });
+  std::optional<gloo_test::process_group> h2;
+  h2.emplace(1, [&](int, const gloo_test::reporter& out) { resilient_replica("h2", "r2", records.path(), done, out); });
+  REQUIRE(wait_progress(records.path(), kill_at, 60s));
+  hosts_tool("kill h2");  // every process on h2: its replica dies mid-step
+  const auto killed = h2->wait_all(10s);
+  CHECK((!killed[0].exited && killed[0].signal == SIGKILL));
+  const std::int64_t at_kill = progress(records.path());
+  CHECK(wait_progress(records.path(), at_kill + 10, 45s));  // h1 and h3 go on
+  h2.emplace(1, [&](int, const gloo_test::reporter& out) { resilient_replica("h2", "r2", records.path(), done, out); });
+  const auto outs = survivors.wait_all(90s);
+  const auto restarted = h2->wait_all(30s);
+  INFO(gloo_test::describe_all(outs) << "\nrestarted h2: " << gloo_test::describe_all(restarted));
+  for (const auto& o : outs) CHECK(o.ok());
+  CHECK(restarted[0].ok());
+  CHECK(outs[0].value("restarts") == "0");
+  CHECK(outs[1].value("restarts") == "0");
+  gloo_test::check_records(records.path(), ids, end_at + 5, 200);
+  CHECK(last_commit(records.path(), "r2", end_at + 5) >= end_at - 1);
+}
