@@ -7,6 +7,7 @@
 #   share/cmake/ddp/ddpTargets.cmake     ddp::ddp, ddp::mpi, ddp::cuda, ddp::nccl, ...
 #   share/cmake/ddp/FindNCCL.cmake       NCCL ships no package config before 2.29.7
 #   bin/ddp-run                          the MPI launcher that survives mpiexec's teardown hang
+#   bin/ddp-hosts                        test hosts on one machine (ddp-run --hosts)
 # The build tree gets the same files in ${PROJECT_BINARY_DIR}, so `-Dddp_DIR=<build dir>` works
 # without installing.
 
@@ -44,7 +45,8 @@ endif()
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/ddp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
-install(PROGRAMS "${PROJECT_SOURCE_DIR}/scripts/ddp-run" DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(PROGRAMS "${PROJECT_SOURCE_DIR}/scripts/ddp-run" "${PROJECT_SOURCE_DIR}/scripts/ddp-hosts"
+        DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(TARGETS ${DDP_EXPORTED_TARGETS} EXPORT ddpTargets)
 install(EXPORT ddpTargets
         NAMESPACE ddp::
