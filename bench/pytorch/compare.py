@@ -94,6 +94,8 @@ class Runner:
     def pytorch(self, case, model, shapes, extra):
         out = os.path.join(self.args.out_dir, "pt_%s_%s.json" % (case, model))
         cmd = [self.args.torch_python, os.path.join(HERE, "ddp_worker.py"), case, "--out", out, "--world", str(self.args.np)]
+        if self.args.hosts:  # the worker places its ranks on the hosts itself
+            cmd = self.hosts_flags() + ["--hosts-only"] + cmd + ["--hosts", str(self.args.hosts)]
         if shapes:
             cmd += ["--shapes", shapes]
         self.run(cmd + extra, "PyTorch %s %s" % (case, model))
@@ -104,10 +106,19 @@ class Runner:
         # Through ddp-run: it returns once the ranks are done even if mpiexec hangs in its teardown.
         cmd = [DDP_RUN, "--mpiexec", self.args.mpiexec, "--mpi-flags", " ".join(self.args.mpiexec_args),
                "-n", str(self.args.np), self.args.ddp_bench, case, "--json", out]
+        if self.args.hosts:
+            cmd = self.hosts_flags() + ["--ranks-per-host", str(self.args.np // self.args.hosts)] + cmd[1:]
         if shapes:
             cmd += ["--shapes", shapes, "--model", model]
         self.run(cmd + extra, "ddp     %s %s" % (case, model))
         self.record(case, model, out)
+
+    def hosts_flags(self):
+        """ddp-run across test hosts (docs/launching.md): both stacks' ranks on the same hosts."""
+        flags = [DDP_RUN, "--hosts", str(self.args.hosts)]
+        if self.args.link_rate:
+            flags += ["--link-rate", self.args.link_rate]
+        return flags
 
     def both(self, round_index, case, model, shapes, pt_extra, ddp_extra):
         steps = [lambda: self.pytorch(case, model, shapes, pt_extra), lambda: self.ddp(case, model, shapes, ddp_extra)]
@@ -286,6 +297,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round: proves it runs (ctest)")
     p.add_argument("--out-dir", help="where raw results go (default: a temporary directory)")
     p.add_argument("--csv", help="write the tables as CSV")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="run both stacks across this many test hosts (ddp-run --hosts; root), ranks by block")
+    p.add_argument("--link-rate", help="with --hosts: cap each host's link (a tc rate, e.g. 1gbit)")
     p.add_argument("--headline", action="store_true",
                    help="the README's default path against PyTorch DDP on ResNet-50 and BERT-base gradient shapes "
                         "(sync case only); the last line is 'headline ddp/pytorch: resnet50 <ratio> bert_base <ratio>'")
@@ -330,7 +344,11 @@ def main(argv=None):
 
     m0 = machine()
     start = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    print("ddp vs PyTorch DDP: %d ranks, %d round(s), %s" % (args.np, args.rounds, start))
+    if args.hosts and args.np % args.hosts:
+        raise SystemExit("--np %d ranks do not split evenly over --hosts %d" % (args.np, args.hosts))
+    where = "" if not args.hosts else ", across %d test hosts%s" % (
+        args.hosts, " at " + args.link_rate if args.link_rate else " (links uncapped)")
+    print("ddp vs PyTorch DDP: %d ranks%s, %d round(s), %s" % (args.np, where, args.rounds, start))
     print("machine: %s CPUs (%s), load average at start %.2f %.2f %.2f" % (m0["cpus"], m0["cpu_model"], *m0["load"]))
     r = Runner(args)
     for k in range(args.rounds):
@@ -351,7 +369,7 @@ def main(argv=None):
     header = [
         "",
         "=" * 100,
-        "ddp vs PyTorch DDP | %s | %d ranks | torch %s (%s) | ddp: %s" % (start, args.np, meta.get("torch", "?"), meta.get("python", "?"), args.ddp_bench),
+        "ddp vs PyTorch DDP | %s | %d ranks%s | torch %s (%s) | ddp: %s" % (start, args.np, where, meta.get("torch", "?"), meta.get("python", "?"), args.ddp_bench),
         "machine: %s CPUs (%s); load average %.2f at start, %.2f at end (1 min)" % (m0["cpus"], m0["cpu_model"], m0["load"][0], m1["load"][0]),
         "every sample: slowest rank of one iteration; the stacks ran alternately, never together",
     ]

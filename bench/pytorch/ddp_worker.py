@@ -236,6 +236,20 @@ def case_buffers(torch, dist, args):
 CASES = {"sync": case_sync, "join": case_join, "buffers": case_buffers}
 
 
+def enter_test_host(host):
+    """Moves this process into test host h<host> of `ddp-run --hosts` (docs/launching.md): its
+    network namespace, where gloo's interface is eth0. The rendezvous file is on the shared disk."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    path = "/run/netns/%s-h%d" % (os.environ["DDP_HOSTS_ID"], host)
+    fd = os.open(path, os.O_RDONLY)
+    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), "setns " + path)
+    os.close(fd)
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("DDP_HOSTS_IFNAME", "eth0")
+
+
 def rank_main(rank, world, init_file, args, out_path):
     code = 0
     try:
@@ -243,6 +257,8 @@ def rank_main(rank, world, init_file, args, out_path):
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # one compute thread per rank, like the C++ side; 2 ranks on 2 cores
+        if args.hosts:
+            enter_test_host(rank * args.hosts // world + 1)
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
         result = CASES[args.case](torch, dist, args)
         if rank == 0:
@@ -277,6 +293,8 @@ def main(argv=None):
     p.add_argument("--grads", choices=("zero", "none"), default="zero",
                    help="sync: before each step, zero the gradients in place (default) or set them to None")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="place the ranks on this many test hosts, by block (run under ddp-run --hosts --hosts-only)")
     p.add_argument("--out", required=True, help="JSON result file (per-iteration samples)")
     p.add_argument("--csv", help="also write the printed table as CSV")
     args = p.parse_args(argv)
