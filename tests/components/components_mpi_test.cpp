@@ -12,9 +12,9 @@
 
 #include "../common/mpi_world.hpp"
 #include "../common/test_hosts.hpp"
-#include "average_cases.hpp"
-#include "bucketer_cases.hpp"
-#include "join_cases.hpp"
+#include "average/average_cases.hpp"
+#include "bucketer/bucketer_cases.hpp"
+#include "join/join_cases.hpp"
 
 using test_ranks::make_world;
 

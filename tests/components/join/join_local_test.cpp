@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
 
-#include "../common/ranks.hpp"
+#include "../../common/ranks.hpp"
 #include "join_cases.hpp"
 
 using namespace std::chrono_literals;

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
 
-#include "../common/ranks.hpp"
+#include "../../common/ranks.hpp"
 #include "bucketer_cases.hpp"
 
 using test_ranks::on_ranks;
