@@ -26,6 +26,7 @@
 #include <ddp/ddp.hpp>
 #include <ddp/local.hpp>
 #include <ddp/mpi.hpp>
+#include <ddp/timeline.hpp>
 
 // ---- the trainer's own tensor type: the library has never heard of it ------------------------
 namespace tiny {

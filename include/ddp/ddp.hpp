@@ -1,8 +1,14 @@
 #pragma once
 /// @file ddp.hpp
-/// @brief Umbrella header: everything backend-independent. Never includes <mpi.h> or <nccl.h>;
-/// backends have their own headers (`<ddp/mpi.hpp>`, `<ddp/nccl.hpp>`, `<ddp/gloo.hpp>`,
-/// `<ddp/local.hpp>`).
+/// @brief The core umbrella: the vocabulary (tensors, dtypes, the communicator concept, work,
+/// errors), averaging, the checked communicator and the three components (`Bucketer`,
+/// `JoinContext`, `BufferReducer`) with their policies, hooks and strategies. Never includes
+/// <mpi.h>, <nccl.h> or gloo: backends have their own headers (`<ddp/local.hpp>`,
+/// `<ddp/mpi.hpp>`, `<ddp/nccl.hpp>`, `<ddp/gloo.hpp>`, `<ddp/shm.hpp>`).
+///
+/// The rest has umbrellas of its own: `<ddp/fault_tolerance.hpp>` (the `Manager`, its stores and
+/// training state), `<ddp/reproducible.hpp>` (world-size-invariant reduction), `<ddp/data.hpp>`
+/// (the exactly-once sampler), `<ddp/observe.hpp>` (straggler attribution, timeline, progress).
 
 #include <ddp/version.hpp>
 
@@ -26,7 +32,6 @@
 #include <ddp/hooks/allreduce_average.hpp>
 #include <ddp/hooks/compress.hpp>
 #include <ddp/bucketer.hpp>
-#include <ddp/straggler.hpp>
 
 #include <ddp/buffer_reducer.hpp>
 #include <ddp/strategies/allreduce.hpp>
@@ -37,14 +42,3 @@
 
 #include <ddp/joinable.hpp>
 #include <ddp/join.hpp>
-
-#include <ddp/any_communicator.hpp>
-#include <ddp/training_state.hpp>
-#include <ddp/manager.hpp>
-
-#include <ddp/data/global_batch_sampler.hpp>
-#include <ddp/partition.hpp>
-#include <ddp/reproducible.hpp>
-
-#include <ddp/progress.hpp>
-#include <ddp/timeline.hpp>

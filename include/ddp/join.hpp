@@ -430,8 +430,20 @@ class JoinContext {
   timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
 };
 
+namespace detail {
+/// `J`, or a readable error when `J` is not a joinable (the deduction guide's argument check:
+/// a failed constraint there reads as "no viable deduction guide" under some compilers).
+template <class J>
+struct deduced_joinable {
+  static_assert(joinable<J>,
+                "every argument of JoinContext must model ddp::joinable: join_hook(const join_hook_options&) "
+                "returning a join_hook, and join_communicator() (ddp/joinable.hpp)");
+  using type = J;
+};
+}  // namespace detail
+
 /// Deduces the joinable types: `ddp::JoinContext join(opts, grads, buffers);`.
 template <class... J>
-JoinContext(join_options, J&...) -> JoinContext<J...>;
+JoinContext(join_options, J&...) -> JoinContext<typename detail::deduced_joinable<J>::type...>;
 
 }  // namespace ddp

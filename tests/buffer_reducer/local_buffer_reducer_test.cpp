@@ -13,6 +13,7 @@
 #include <ddp/local/communicator.hpp>
 #include <ddp/strategies/allreduce.hpp>
 
+#include "../common/ranks.hpp"
 #include "buffer_reducer_suite.hpp"
 
 /// A trainer's own tensor type: type-erased dtype, plugged in through ddp::tensor_traits.
@@ -33,17 +34,7 @@ struct ddp::tensor_traits<trainer::Tensor> {
   static ddp::device device(const trainer::Tensor&) { return ddp::device::host(); }
 };
 
-namespace {
-
-template <class F>
-void on_ranks(int from, int to, F check) {
-  for (int n = from; n <= to; ++n) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(ddp::local::run(n, [&](ddp::local::communicator& c) { check(c); }));
-  }
-}
-
-}  // namespace
+using test_ranks::require_on_ranks;
 
 TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in exactly 2 collectives",
           "[local][buffer_reducer]") {
@@ -78,17 +69,17 @@ TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in e
     }
   }
   // and the full check, both paths
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, false); });
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, true); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, false); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, true); });
 }
 
 TEST_CASE("local: every strategy, every dtype, copy and view paths", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::every_strategy(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::every_strategy(c); });
 }
 
 TEST_CASE("local: mixed strategies and dtypes coalesce into one collective per group", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::mixed_groups(c); });
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::many_buffers_one_collective(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::mixed_groups(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::many_buffers_one_collective(c); });
 }
 
 TEST_CASE("local: 200 buffers in one group issue exactly one backend collective", "[local][buffer_reducer]") {
@@ -114,15 +105,15 @@ TEST_CASE("local: 200 buffers in one group issue exactly one backend collective"
 }
 
 TEST_CASE("local: period", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::period(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::period(c); });
 }
 
 TEST_CASE("local: views and copies", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::views_and_copies(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::views_and_copies(c); });
 }
 
 TEST_CASE("local: non-blocking sync", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::async_sync(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::async_sync(c); });
 }
 
 TEST_CASE("local: a dropped pending sync frees the reducer for the next one", "[local][buffer_reducer]") {
@@ -137,24 +128,24 @@ TEST_CASE("local: a dropped pending sync frees the reducer for the next one", "[
 }
 
 TEST_CASE("local: custom strategies", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::custom_strategies(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::custom_strategies(c); });
 }
 
 TEST_CASE("local: usage errors name the buffer and the rank", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::local_errors(c); });
-  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::layout_mismatch(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::local_errors(c); });
+  require_on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::layout_mismatch(c); });
 }
 
 TEST_CASE("local: issue #13 (7): handle buffers are held by value, never as references", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::handles_by_value(c); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::handles_by_value(c); });
 }
 
 TEST_CASE("local: join hooks mirror every strategy with neutral data", "[local][buffer_reducer][join]") {
-  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_every_strategy(c); });
+  require_on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_every_strategy(c); });
 }
 
 TEST_CASE("local: join hooks follow the period and restore its phase", "[local][buffer_reducer][join]") {
-  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_with_period(c); });
+  require_on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_with_period(c); });
 }
 
 TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks time out, not hang",
@@ -183,18 +174,18 @@ TEST_CASE("local: a joined rank that mirrors nothing makes the training ranks ti
 
 TEST_CASE("local: issue #13 (8): BatchNorm statistics keep their scale while ranks join",
           "[local][buffer_reducer][join]") {
-  on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_batchnorm_statistics(c); });
+  require_on_ranks(2, 4, [](ddp::communicator_ref c) { br_suite::join_batchnorm_statistics(c); });
 }
 
 TEST_CASE("local: with the JoinContext, uneven inputs, periods 1 to 3", "[local][buffer_reducer][join]") {
   for (std::uint64_t period : {1u, 2u, 3u}) {
     INFO("period " << period);
-    on_ranks(2, 4, [period](ddp::communicator_ref c) { br_suite::join_context_uneven(c, period); });
+    require_on_ranks(2, 4, [period](ddp::communicator_ref c) { br_suite::join_context_uneven(c, period); });
   }
 }
 
 TEST_CASE("local: buffers of the trainer's own tensor type, mixed dtypes", "[local][buffer_reducer]") {
-  on_ranks(1, 4, [](ddp::communicator_ref comm) {
+  require_on_ranks(1, 4, [](ddp::communicator_ref comm) {
     ddp::BufferReducer<ddp::strategies::allreduce_sum> buffers(comm);
     std::vector<trainer::Tensor> tensors;
     tensors.reserve(4);  // the reducer keeps references to them

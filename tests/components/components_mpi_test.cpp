@@ -10,18 +10,13 @@
 #include <ddp/shm/mpi.hpp>
 #include <ddp/world.hpp>
 
+#include "../common/mpi_world.hpp"
 #include "../common/test_hosts.hpp"
-#include "average_cases.hpp"
-#include "bucketer_cases.hpp"
-#include "join_cases.hpp"
+#include "average/average_cases.hpp"
+#include "bucketer/bucketer_cases.hpp"
+#include "join/join_cases.hpp"
 
-namespace {
-ddp::mpi::communicator make_world() {
-  ddp::mpi::options o;
-  o.timeout = std::chrono::seconds(60);
-  return ddp::mpi::communicator::world(o);
-}
-}  // namespace
+using test_ranks::make_world;
 
 TEST_CASE("Bucketer over MPI", "[mpi][bucketer]") {
   auto comm = make_world();

@@ -32,6 +32,8 @@
 #include <ddp/reproducible.hpp>
 #include <ddp/stores/memory_store.hpp>
 
+#include "../common/replicas.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -54,24 +56,15 @@ void micro_gradient(const std::vector<std::uint64_t>& xs, const std::vector<doub
   }
 }
 
-std::vector<double> initial_params(const std::string& id) {
-  std::mt19937_64 rng(std::hash<std::string>{}(id));
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> p(dim);
-  for (auto& x : p) x = u(rng);
-  return p;
-}
+std::vector<double> initial_params(const std::string& id) { return replica_test::initial_params(id, dim); }
 
 ddp::data::sampler_options sampling() {
   return {.dataset_size = dataset, .global_batch = global_batch, .micro_batch = micro, .seed = 2026, .shuffle = true};
 }
 
-enum class fault_point { none, before_collective, during_collective, after_collective, stall };
-
-struct fault {
-  fault_point where = fault_point::none;
-  std::int64_t at_step = -1;
-};
+using replica_test::crash;
+using replica_test::fault;
+using replica_test::fault_point;
 
 // What one replica recorded for one committed step.
 struct commit_record {
@@ -95,8 +88,6 @@ struct replica_result {
   std::vector<std::string> events;
   std::map<std::uint64_t, std::vector<std::string>> quorums;
 };
-
-struct crash {};
 
 // A local communicator whose owner "dies" right after issuing an allgather when told to: the
 // collective is in flight on the peers when the communicator goes away.
@@ -122,16 +113,9 @@ struct mortal_comm {
 struct cluster {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric;
-  ddp::manager_options base;
+  ddp::manager_options base = replica_test::scenario_options();
   explicit cluster(std::chrono::milliseconds collective_timeout)
-      : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {
-    base.min_replicas = 2;
-    base.quorum_timeout = 30s;
-    base.heartbeat_interval = 10ms;
-    base.heartbeat_timeout = 400ms;
-    base.settle = 60ms;
-    base.heal_chunk_bytes = 16;
-  }
+      : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {}
 
   void run_replica(const std::string& id, fault f, std::int64_t steps, int want_members, replica_result& out,
                    std::chrono::milliseconds stall = 0ms) {
@@ -242,27 +226,8 @@ struct outcome {
 outcome run_scenario(int replicas, std::int64_t steps, const std::map<int, fault>& faults,
                      const std::vector<std::string>& joiners, std::chrono::milliseconds stall = 0ms,
                      std::chrono::milliseconds collective_timeout = 1000ms) {
-  int crashing = 0;
-  for (const auto& [r, f] : faults) crashing += f.where != fault_point::stall ? 1 : 0;
-  const int want = replicas - crashing + static_cast<int>(joiners.size());
-  cluster c(collective_timeout);
-  outcome out;
-  out.results.resize(static_cast<std::size_t>(replicas) + joiners.size());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < replicas; ++r) {
-    const fault f = faults.count(r) ? faults.at(r) : fault{};
-    threads.emplace_back([&, r, f] {
-      c.run_replica("r" + std::to_string(r), f, steps, want, out.results[static_cast<std::size_t>(r)], stall);
-    });
-  }
-  for (std::size_t k = 0; k < joiners.size(); ++k) {
-    threads.emplace_back([&, k] {
-      std::this_thread::sleep_for(150ms);
-      c.run_replica(joiners[k], {}, steps, want, out.results[static_cast<std::size_t>(replicas) + k]);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return out;
+  return {
+      replica_test::run_scenario<cluster, replica_result>(replicas, steps, faults, joiners, stall, collective_timeout)};
 }
 
 // Totals over the runs of one scenario, printed at the end.
@@ -275,12 +240,7 @@ struct tally {
 
 // The exactly-once checks (see the file comment); adds the run's counts to `t`.
 void check_exactly_once(const outcome& o, std::int64_t steps, std::size_t expected_live, tally& t) {
-  std::string history;
-  for (const auto& r : o.results) {
-    history += r.id + (r.crashed ? " (crashed)" : "") + ": " + r.error + "\n";
-    for (const auto& e : r.events) history += "    " + e + "\n";
-  }
-  INFO(history);
+  INFO(replica_test::history(o.results));
   std::vector<const replica_result*> live;
   for (const auto& r : o.results) {
     INFO(r.id << ": " << r.error);

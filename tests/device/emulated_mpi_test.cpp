@@ -8,13 +8,9 @@
 #include <ddp/device/emulated.hpp>
 #include <ddp/mpi.hpp>
 
-namespace {
-ddp::mpi::communicator make_world() {
-  ddp::mpi::options o;
-  o.timeout = std::chrono::seconds(60);
-  return ddp::mpi::communicator::world(o);
-}
-}  // namespace
+#include "../common/mpi_world.hpp"
+
+using test_ranks::make_world;
 
 TEST_CASE("emulated device communicator over MPI", "[mpi][device]") {
   auto host = make_world();

@@ -19,6 +19,8 @@
 #include <ddp/manager.hpp>
 #include <ddp/stores/memory_store.hpp>
 
+#include "../common/replicas.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -98,15 +100,7 @@ std::vector<float> initial_params(int replica) {
 struct cluster {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric{ddp::local::options{.timeout = 2000ms, .faults = {}}};
-  ddp::manager_options base;
-  cluster() {
-    base.min_replicas = 2;
-    base.quorum_timeout = 30s;
-    base.heartbeat_interval = 10ms;
-    base.heartbeat_timeout = 400ms;
-    base.settle = 60ms;
-    base.heal_chunk_bytes = 16;  // many chunks, spread over the sources; the hash reads chunk by chunk
-  }
+  ddp::manager_options base = replica_test::scenario_options();  // many heal chunks; the hash reads chunk by chunk
 
   void run(int replica, std::int64_t steps, int want_members, replica_result& out) {
     // One runtime per replica, outliving the Manager and every communicator its factory builds.

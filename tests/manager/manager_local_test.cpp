@@ -17,6 +17,8 @@
 #include <ddp/manager.hpp>
 #include <ddp/stores/memory_store.hpp>
 
+#include "../common/replicas.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -24,36 +26,17 @@ namespace {
 constexpr std::size_t dim = 6;
 constexpr double lr = 0.1, beta = 0.9;
 
-// Deterministic batch of replica `id` at step `s`: the gradient of 0.5 |p - target|^2.
-std::vector<double> gradient(const std::string& id, std::int64_t s, const std::vector<double>& p) {
-  std::vector<double> g(dim);
-  const auto h = std::hash<std::string>{}(id) % 97;
-  for (std::size_t k = 0; k < dim; ++k) {
-    const double target = std::sin(static_cast<double>(h) + 0.7 * static_cast<double>(s) + static_cast<double>(k));
-    g[k] = p[k] - target;
-  }
-  return g;
-}
+using replica_test::crash;
+using replica_test::fault;
+using replica_test::fault_point;
+using replica_test::gradient;  // deterministic batch of replica `id` at step `s`
 
-std::vector<double> initial_params(const std::string& id) {
-  std::mt19937_64 rng(std::hash<std::string>{}(id));
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> p(dim);
-  for (auto& x : p) x = u(rng);
-  return p;
-}
+std::vector<double> initial_params(const std::string& id) { return replica_test::initial_params(id, dim); }
 
 struct commit_record {
   std::int64_t step;
   std::vector<std::string> participants;
   bool operator==(const commit_record&) const = default;
-};
-
-enum class fault_point { none, before_collective, during_collective, after_collective, stall };
-
-struct fault {
-  fault_point where = fault_point::none;
-  std::int64_t at_step = -1;
 };
 
 struct replica_result {
@@ -67,21 +50,12 @@ struct replica_result {
   std::map<std::uint64_t, std::vector<std::string>> quorums;  // generation -> members
 };
 
-struct crash {};
-
 struct cluster {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric;
-  ddp::manager_options base;
+  ddp::manager_options base = replica_test::scenario_options();  // several heal chunks: exercises spreading
   explicit cluster(std::chrono::milliseconds collective_timeout)
-      : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {
-    base.min_replicas = 2;
-    base.quorum_timeout = 30s;
-    base.heartbeat_interval = 10ms;
-    base.heartbeat_timeout = 400ms;
-    base.settle = 60ms;
-    base.heal_chunk_bytes = 16;  // several chunks even for this small state: exercises spreading
-  }
+      : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {}
 
   // Trains until `steps` commits are done and the quorum has `want_members` members again, so
   // that a replacement or a stalled replica is not left behind by replicas that already finished.
@@ -178,39 +152,15 @@ struct scenario_outcome {
 scenario_outcome run_scenario(int replicas, std::int64_t steps, const std::map<int, fault>& faults,
                               const std::vector<std::string>& replacements, std::chrono::milliseconds stall = 0ms,
                               std::chrono::milliseconds collective_timeout = 1000ms) {
-  int crashing = 0;
-  for (const auto& [r, f] : faults) crashing += f.where != fault_point::stall ? 1 : 0;
-  const int want = replicas - crashing + static_cast<int>(replacements.size());
-  cluster c(collective_timeout);
-  scenario_outcome out;
-  out.results.resize(static_cast<std::size_t>(replicas) + replacements.size());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < replicas; ++r) {
-    const fault f = faults.count(r) ? faults.at(r) : fault{};
-    threads.emplace_back([&, r, f] {
-      c.run_replica("r" + std::to_string(r), f, steps, want, out.results[static_cast<std::size_t>(r)], stall);
-    });
-  }
-  for (std::size_t k = 0; k < replacements.size(); ++k) {
-    threads.emplace_back([&, k] {
-      std::this_thread::sleep_for(150ms);
-      c.run_replica(replacements[k], {}, steps, want, out.results[static_cast<std::size_t>(replicas) + k]);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return out;
+  return {replica_test::run_scenario<cluster, replica_result>(replicas, steps, faults, replacements, stall,
+                                                              collective_timeout)};
 }
 
 // The checks every scenario must pass.
 void check_outcome(const scenario_outcome& o, std::int64_t steps, std::size_t expected_live) {
   std::vector<const replica_result*> live;
   const replica_result* longest = nullptr;
-  std::string history;
-  for (const auto& r : o.results) {
-    history += r.id + (r.crashed ? " (crashed)" : "") + ": " + r.error + "\n";
-    for (const auto& e : r.events) history += "    " + e + "\n";
-  }
-  INFO(history);
+  INFO(replica_test::history(o.results));
   for (const auto& r : o.results) {
     INFO(r.id << ": " << r.error);
     REQUIRE(r.error.empty());

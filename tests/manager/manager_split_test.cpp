@@ -25,6 +25,8 @@
 #include <ddp/manager.hpp>
 #include <ddp/stores/memory_store.hpp>
 
+#include "../common/replicas.hpp"
+
 using namespace std::chrono_literals;
 using ddp::tensor_view;
 
@@ -32,24 +34,10 @@ namespace {
 
 constexpr std::size_t dim = 6;
 
-std::vector<double> gradient(const std::string& id, std::int64_t s, const std::vector<double>& p) {
-  std::vector<double> g(dim);
-  const auto h = std::hash<std::string>{}(id) % 97;
-  for (std::size_t k = 0; k < dim; ++k) {
-    g[k] = p[k] - std::sin(static_cast<double>(h) + 0.7 * static_cast<double>(s) + static_cast<double>(k));
-  }
-  return g;
-}
+using replica_test::crash;  // a replica "dies": its thread unwinds, its heartbeat stops
+using replica_test::gradient;
 
-std::vector<double> initial_params(const std::string& id) {
-  std::mt19937_64 rng(std::hash<std::string>{}(id));
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> p(dim);
-  for (auto& x : p) x = u(rng);
-  return p;
-}
-
-struct crash {};  // a replica "dies": its thread unwinds, its heartbeat stops
+std::vector<double> initial_params(const std::string& id) { return replica_test::initial_params(id, dim); }
 
 // A local communicator whose operations a test can intercept (to kill a healing source after
 // its first chunk, or to make a replica report words of its choice).
@@ -97,7 +85,7 @@ struct run_hooks {
 struct job {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric{ddp::local::options{.timeout = 1000ms, .faults = {}}};
-  ddp::manager_options base;
+  ddp::manager_options base = replica_test::scenario_options();
   std::mutex mu;
   std::map<std::int64_t, std::vector<commit_entry>> commits;                // step -> who committed it
   std::map<std::uint64_t, std::set<std::vector<std::string>>> memberships;  // generation -> lists seen
@@ -106,12 +94,9 @@ struct job {
   std::atomic<std::int64_t> max_step{-1};
 
   job() {
-    base.min_replicas = 2;
-    base.quorum_timeout = 8s;
-    base.heartbeat_interval = 10ms;
+    base.quorum_timeout = 8s;  // shorter and faster than the other scenarios; several heal chunks still
     base.heartbeat_timeout = 300ms;
     base.settle = 5ms;
-    base.heal_chunk_bytes = 16;  // several chunks even for this small state
     base.progress = {};
   }
 

@@ -21,19 +21,15 @@
 #include <ddp/straggler.hpp>
 #include <ddp/timeline.hpp>
 
+#include "../common/ranks.hpp"
 #include "observe_cases.hpp"
 
 using namespace std::chrono_literals;
 
 namespace {
 
-template <class F>
-void on_ranks(int n, F&& f) {
-  ddp::local::options opts;
-  opts.timeout = std::chrono::seconds(30);
-  ddp::local::run(
-      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
-}
+using test_ranks::on_ranks;
+constexpr auto rank_timeout = 30s;  // per blocking wait: the delayed-rank cases sleep on purpose
 
 std::filesystem::path fresh_dir(const std::string& name) {
   std::random_device rd;
@@ -85,9 +81,12 @@ TEST_CASE("attribute_straggler(): the rank with the shortest arrival wait is nam
 TEST_CASE("straggler: the delayed rank is named (local ranks 2, 3, 4)", "[local][straggler]") {
   for (int n : {2, 3, 4}) {
     std::vector<observe_cases::straggler_result> results(static_cast<std::size_t>(n));
-    REQUIRE_NOTHROW(on_ranks(n, [&](ddp::communicator_ref c) {
-      results[static_cast<std::size_t>(c.rank())] = observe_cases::delayed_rank_is_named(c, 60ms, 4, 1);
-    }));
+    REQUIRE_NOTHROW(on_ranks(
+        n,
+        [&](ddp::communicator_ref c) {
+          results[static_cast<std::size_t>(c.rank())] = observe_cases::delayed_rank_is_named(c, 60ms, 4, 1);
+        },
+        rank_timeout));
     const auto& r = results[0];
     std::printf("local %d ranks: delayed rank named in %d of %d iterations (smallest lateness %.1f ms for 60 ms)\n", n,
                 r.named, r.iterations, r.min_late_ms);
@@ -98,8 +97,10 @@ TEST_CASE("straggler: the delayed rank is named (local ranks 2, 3, 4)", "[local]
 TEST_CASE("straggler: exchange period and join", "[local][straggler]") {
   for (int n : {1, 2, 3}) {
     INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { observe_cases::exchange_period(c); }));
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { observe_cases::exchange_under_join(c); }));
+    REQUIRE_NOTHROW(on_ranks(
+        n, [](ddp::communicator_ref c) { observe_cases::exchange_period(c); }, rank_timeout));
+    REQUIRE_NOTHROW(on_ranks(
+        n, [](ddp::communicator_ref c) { observe_cases::exchange_under_join(c); }, rank_timeout));
   }
 }
 
@@ -107,7 +108,8 @@ TEST_CASE("timeline: per-rank traces parse, hold the expected events and merge (
   for (int n : {1, 3}) {
     INFO("ranks " << n);
     const auto dir = fresh_dir("timeline");
-    REQUIRE_NOTHROW(on_ranks(n, [&](ddp::communicator_ref c) { observe_cases::timeline_of_training(c, dir); }));
+    REQUIRE_NOTHROW(on_ranks(
+        n, [&](ddp::communicator_ref c) { observe_cases::timeline_of_training(c, dir); }, rank_timeout));
     std::filesystem::remove_all(dir);
   }
 }

@@ -16,6 +16,7 @@
 #include <ddp/reproducible.hpp>
 
 #include "../common/collective_suite.hpp"
+#include "../common/ranks.hpp"
 #include "training.hpp"
 
 #define SUITE_EXPECT_THROW(expr, type)             \
@@ -35,13 +36,7 @@ using ddp::item_range;
 using ddp::reproducible::node;
 using ddp::reproducible::tree;
 
-template <class F>
-void on_ranks(int n, F&& f) {
-  ddp::local::options opts;
-  opts.timeout = std::chrono::seconds(20);
-  ddp::local::run(
-      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
-}
+using test_ranks::on_ranks;
 
 // Direct recursive evaluation of node n over leaf values (one float per leaf).
 float direct(const tree& t, node n, const std::vector<float>& leaf) {

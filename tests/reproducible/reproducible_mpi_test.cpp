@@ -10,15 +10,12 @@
 #include <ddp/mpi.hpp>
 #include <ddp/reproducible.hpp>
 
+#include "../common/mpi_world.hpp"
 #include "training.hpp"
 
-namespace {
+using test_ranks::make_world;
 
-ddp::mpi::communicator make_world() {
-  ddp::mpi::options o;
-  o.timeout = std::chrono::seconds(60);
-  return ddp::mpi::communicator::world(o);
-}
+namespace {
 
 template <class F>
 auto on_one_local_rank(F&& f) {

@@ -7,19 +7,15 @@
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
 
+#include "../../common/ranks.hpp"
 #include "join_cases.hpp"
 
 using namespace std::chrono_literals;
 
-namespace {
-template <class F>
-void on_ranks(int n, F&& f, std::chrono::milliseconds timeout = 20s) {
-  ddp::local::options opts;
-  opts.timeout = timeout;
-  ddp::local::run(
-      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
-}
+using test_ranks::on_ranks;
+using test_ranks::require_on_ranks;
 
+namespace {
 // Runs one seed-004 configuration on n ranks; returns each rank's error text ("" = finished).
 std::vector<std::string> run_case(int n, join_cases::train_options o, bool checked) {
   std::vector<std::string> errors(static_cast<std::size_t>(n));
@@ -43,48 +39,30 @@ std::vector<std::string> run_case(int n, join_cases::train_options o, bool check
 }  // namespace
 
 TEST_CASE("JoinContext over local ranks", "[local][join]") {
-  for (int n : {1, 2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::run_all(c); }));
-  }
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { join_cases::run_all(c); });
 }
 
 TEST_CASE("JoinContext: a Bucketer and a BufferReducer in one context, in both registration orders",
           "[local][join][order]") {
-  for (int n : {1, 2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::bucketer_and_buffers(c); }));
-  }
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { join_cases::bucketer_and_buffers(c); });
 }
 
 TEST_CASE("JoinContext: the issue order learned survives an iteration in which one joinable is silent",
           "[local][join][order]") {
-  for (int n : {1, 2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::order_learned_across_no_sync(c); }));
-  }
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { join_cases::order_learned_across_no_sync(c); });
 }
 
 TEST_CASE("JoinContext: training ranks that issue their joinables in different orders get mismatch_error",
           "[local][join][order]") {
-  for (int n : {2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::order_disagreement(c); }));
-  }
+  require_on_ranks(2, 4, [](ddp::communicator_ref c) { join_cases::order_disagreement(c); });
 }
 
 TEST_CASE("JoinContext: a rank without data shadows round 0 in the hinted order", "[local][join][order]") {
-  for (int n : {1, 2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::rank_without_data(c); }));
-  }
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { join_cases::rank_without_data(c); });
 }
 
 TEST_CASE("JoinContext: what the context learns about the issue order", "[local][join][order]") {
-  for (int n : {1, 2, 3}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { join_cases::learned_order(c); }));
-  }
+  require_on_ranks(1, 3, [](ddp::communicator_ref c) { join_cases::learned_order(c); });
 }
 
 TEST_CASE("JoinContext: a wrong round-0 guess is an error on every rank, not a hang", "[local][join][order]") {

@@ -18,8 +18,8 @@
 #include <ddp/join.hpp>
 #include <ddp/strategies/allreduce.hpp>
 
-#include "../common/collective_suite.hpp"
-#include "../common/counting_communicator.hpp"
+#include "../../common/collective_suite.hpp"
+#include "../../common/counting_communicator.hpp"
 
 namespace join_cases {
 

@@ -23,9 +23,9 @@
 #include <ddp/bucketing/size_capped.hpp>
 #include <ddp/hooks/compress.hpp>
 
-#include "../common/collective_suite.hpp"
-#include "../common/fake_handle.hpp"
-#include "../common/toy_autograd.hpp"
+#include "../../common/collective_suite.hpp"
+#include "../../common/fake_handle.hpp"
+#include "../../common/toy_autograd.hpp"
 
 namespace bucketer_cases {
 

@@ -24,7 +24,7 @@
 #include <ddp/hooks/compress.hpp>
 #include <ddp/strategies/allreduce.hpp>
 
-#include "../common/collective_suite.hpp"
+#include "../../common/collective_suite.hpp"
 
 namespace average_cases {
 

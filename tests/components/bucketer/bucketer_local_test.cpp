@@ -6,24 +6,15 @@
 #include <catch2/catch.hpp>
 #include <ddp/local/communicator.hpp>
 
+#include "../../common/ranks.hpp"
 #include "bucketer_cases.hpp"
 
-namespace {
-template <class F>
-void on_ranks(int n, F&& f) {
-  ddp::local::options opts;
-  opts.timeout = std::chrono::seconds(20);
-  ddp::local::run(
-      n, [&](ddp::local::communicator& c) { f(ddp::communicator_ref(c)); }, opts);
-}
-}  // namespace
+using test_ranks::on_ranks;
+using test_ranks::require_on_ranks;
 
 TEST_CASE("Bucketer over local ranks: averages, layouts, hooks, unused, no_sync, rebuild, errors",
           "[local][bucketer]") {
-  for (int n : {1, 2, 3, 4}) {
-    INFO("ranks " << n);
-    REQUIRE_NOTHROW(on_ranks(n, [](ddp::communicator_ref c) { bucketer_cases::run_all(c); }));
-  }
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { bucketer_cases::run_all(c); });
 }
 
 TEST_CASE("Bucketer: a user-written layout policy", "[local][bucketer]") {
