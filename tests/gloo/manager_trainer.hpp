@@ -54,9 +54,7 @@ class killable_comm {
   std::function<void(int)> on_;
 };
 
-inline std::string text_of(const std::optional<ddp::store_value>& v) {
-  return v ? ddp::to_text(*v) : std::string();
-}
+inline std::string text_of(const std::optional<ddp::store_value>& v) { return v ? ddp::to_text(*v) : std::string(); }
 
 /// How a trainer runs.
 struct trainer_setup {

@@ -69,9 +69,8 @@ class redis_on_h1 {
     if (pid_ == 0) {
       enter_host("h1");
       const std::string port = std::to_string(redis_port);
-      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "10.77.0.1", "--save", "",
-              "--appendonly", "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "warning",
-              static_cast<char*>(nullptr));
+      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "10.77.0.1", "--save", "", "--appendonly",
+              "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "warning", static_cast<char*>(nullptr));
       std::_Exit(127);
     }
   }
