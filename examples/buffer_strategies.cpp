@@ -1,4 +1,4 @@
-// Per-buffer synchronisation strategies (seed 003): each rank counts the positive and negative
+// Per-buffer synchronisation strategies: each rank counts the positive and negative
 // examples it saw, and every rank must use the global counts (sum); BatchNorm-like running
 // statistics follow rank 0 (broadcast); an exponential moving average of the loss is averaged;
 // a best-loss tracker takes the minimum. Buffers sharing a strategy and dtype are synced with one

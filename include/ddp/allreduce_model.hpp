@@ -3,36 +3,11 @@
 /// @brief An alpha-beta-gamma cost model of allreduce algorithms, and the algorithm it picks for
 /// a message size and a rank count: how ddp plans past the machines it can be measured on.
 ///
-/// The model (Hockney's, as used by Thakur, Rabenseifner and Gropp for MPICH's choices): sending
-/// `n` bytes costs `alpha + n * beta`, reducing `n` bytes costs `n * gamma`. For `p` ranks, with
-/// `lg = ceil(log2 p)` and `P` the largest power of two not above `p`:
-///
-/// | algorithm | time |
-/// |---|---|
-/// | recursive doubling | `log2(P) (alpha + n beta + n gamma)` + fold (below) |
-/// | halving-doubling (Rabenseifner) | `2 log2(P) alpha + 2 (P-1)/P n beta + (P-1)/P n gamma` + fold |
-/// | ring | `2 (p-1) alpha_s + 2 (p-1)/p n beta + (p-1)/p n gamma`, `alpha_s` per segment message |
-/// | binomial tree (reduce, then broadcast) | `2 lg (alpha + n beta) + lg n gamma` |
-/// | hierarchical | `2 a_n + 2 n b_n + (q-1)/q n gamma` + best flat over `p/q` leaders + `a_n + n b_n` |
-///
-/// The fold for a rank count that is not a power of two: the `p - P` extra ranks first send their
-/// data to a partner (`alpha + n beta + n gamma`) and get the result back at the end
-/// (`alpha + n beta`). The ring sends each of its `2 (p-1)` steps in segments of at most
-/// `segment_bytes`, each a message (`alpha`) of its own. The hierarchical form is ddp's
-/// `shm::communicator` over a network backend (`a_n`, `b_n`: the node's shared-memory link):
-/// every rank of a node copies its input into the node's shared memory, reduces `1/q` of it, the
-/// leaders allreduce the node's sum, and every rank copies the result out (`q` ranks per node).
-///
-/// Which link: a job that fits in one node (`p <= q`) runs every flat algorithm over the node's
-/// shared memory (`machine_model::node`). Past one node, flat algorithms run over the network, and
-/// the `q` ranks of a node share its link in the exchanges of recursive doubling, halving-doubling
-/// and the tree (`beta` times `q`); a ring of ranks numbered node by node crosses each node
-/// boundary with one flow, so it keeps the link's whole bandwidth.
-///
-/// What it leaves out: the overlap of sending with reducing that pipelined rings get, topology
-/// beyond two levels, and software overhead per call; its absolute times are a floor, its
-/// crossovers a guide. `bench/allreduce_model_bench.cpp` prints its table
-/// for 2 to 4096 ranks and compares it with measurements here (docs/allreduce-model.md).
+/// Predicted times of recursive doubling, halving-doubling, the ring, the binomial tree and the
+/// hierarchical form (shared memory in a node, leaders across nodes), with the fold for rank
+/// counts that are not a power of two. `bench/allreduce_model_bench.cpp` prints its table.
+/// The formulas, which link each algorithm uses, what the model leaves out, and the model
+/// against measurements: docs/allreduce-model.md.
 
 #include <algorithm>
 #include <array>

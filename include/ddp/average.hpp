@@ -4,29 +4,10 @@
 /// every component averages with: the Bucketer (its copy path and its default comm hook), the
 /// `allreduce_mean` buffer strategy, the Manager's comm hook and the compression hooks.
 ///
-/// The rule, for `n` values averaged over a divisor `d` (the communicator's size, the ranks still
-/// training in a join round, or a Manager step's participants; the caller decides which):
-/// - **Floating point (f64, f32, bf16, f16): every rank multiplies its value by `1/d` first, then
-///   the values are summed.** The factor is `1.0 / d` rounded once to the dtype's compute type
-///   (double for f64, float for the others), and the product is rounded to the dtype.
-///   - f16 cannot overflow in the sum: values near 65504 on every rank stay finite, where a sum
-///     followed by a division (which is what a backend's `reduce_op::avg` does) reaches infinity.
-///   - bf16 follows the same order, so a bf16 result never depends on the path it took.
-///   - The Bucketer folds the multiplication into its copy into the bucket, so averaging costs no
-///     pass of its own (`average_input::divided`).
-///   - A backend with a pre-multiplied sum (`premul_sum_communicator`: the shared-memory backend
-///     scales each input as it copies it into the node's segment) gets raw values and the factor,
-///     and the division costs no pass at all; the bits are the same.
-///   - It is PyTorch DDP's order (its reducer multiplies by `1/d` while copying into the bucket),
-///     so a ddp step and a PyTorch DDP step give the same bits for the same sums; on NCCL the rule
-///     is `ncclRedOpCreatePreMulSum`.
-/// - **Integers: the sum, then a division truncating toward zero**, as `reduce_op::avg` defines
-///   it. When `d` is the communicator's size that is the backend's own `avg` (the MPI ring then
-///   divides each rank's block once, inside the collective); otherwise a sum and a division.
-///
-/// Every caller therefore gives the same bits for the same input on the same backend and the
-/// same layout (a backend may sum different positions of a buffer in different rank orders, and
-/// floating-point addition is not associative, so a gradient must sit at the same offset).
+/// Floating point: each rank multiplies by `1/d`, then the values are summed (f16 cannot
+/// overflow; PyTorch DDP's order); integers: the sum, then a division truncating toward zero.
+/// Why, the pre-multiplied sum and the test that holds every caller to the same bits:
+/// docs/averaging.md.
 
 #include <algorithm>
 #include <cstddef>

@@ -5,29 +5,9 @@
 /// `communicator` contract (communicator.hpp) and return the call's `op_info`, or throw a
 /// `usage_error` naming the rank, the collective and the offending tensor.
 ///
-/// A backend describes the calling rank in a `contract::caller` (rank, size, the call's sequence
-/// number and timeout, and the memory the backend reaches) and runs the collective's check first:
-/// @code
-/// ddp::work my_backend::allgather(ddp::tensor_view in, ddp::tensor_view out) {
-///   const ddp::op_info info = ddp::contract::check_allgather(caller(), in, out);
-///   // ... issue it; the work state carries `info`, which names the call in every error
-/// }
-/// @endcode
-///
-/// What is checked, identically on every backend (a program moved from one backend to another
-/// fails the same way, with the same message):
-/// - every tensor lies in memory the backend reaches (`memory_rule`), and a tensor with elements
-///   has a data pointer;
-/// - broadcast: `root` is a rank of the communicator;
-/// - allgather: input and output have one dtype, `out.count == in.count * size`, and they do not
-///   overlap unless the input is exactly this rank's block of the output (the in-place form);
-/// - reduce_scatter: one dtype, `in.count == out.count * size`, and no overlap at all.
-///
-/// What a rank cannot check alone: that every rank issued the same call. Checked mode
-/// (checked.hpp) or a backend that sees every rank's call (`local`) does that.
-///
-/// A failed check throws before anything is issued, so the call takes no sequence number: pass
-/// the number the call would get (`caller::seq`), and advance it only after the check passed.
+/// One implementation, so that a program moved from one backend to another fails the same way,
+/// with the same message. What is checked, the messages, and a backend in outline:
+/// docs/writing-a-backend.md ("The contract checks").
 
 #include <chrono>
 #include <cstddef>

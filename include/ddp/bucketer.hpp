@@ -2,36 +2,12 @@
 /// @file bucketer.hpp
 /// @brief `Bucketer<Policy>`: averages gradients across ranks while the backward pass still runs.
 ///
-/// @code
-/// ddp::Bucketer grads(comm, ddp::bucketing::size_capped{.cap_bytes = 25 << 20});
-/// for (auto& p : model.parameters()) grads.add(p.grad);   // the trainer's gradients, kept by reference
-/// grads.attach(autograd);                                  // mark_ready(i) when gradient i is computed
-/// for (auto& batch : data) {
-///   backward(batch);                                       // buckets launch as their gradients are ready
-///   grads.finalize();                                      // every gradient holds the average over ranks
-///   optimizer.step();
-/// }
-/// @endcode
-///
-/// Per iteration a trainer calls `mark_ready(i)` as each gradient is computed (from any thread, or
-/// through hooks attached to its own autograd with `attach()`), then `finalize()`. Gradients are
-/// grouped into buckets by the layout `Policy`; a bucket's collective (the comm hook) starts as
-/// soon as its last gradient is ready, buckets launch in layout order on every rank, and overlap
-/// works from the first iteration. Every `mark_ready` tests the in-flight buckets (Open MPI and
-/// ddp's MPI ring advance a collective only while it is tested); `progress_interval` adds a thread
-/// for long gaps between them.
-///
-/// Each bucket takes one data path, chosen when the layout is installed and reported in
-/// `bucket_stats::path` (`bucket_path`: copy-divided, copy-with-hook, zero-copy, direct, in-place,
-/// device); every path gives the same bits. docs/bucketer.md describes them, gradients that move,
-/// no_sync and the collectives each iteration issues; docs/gpu-training.md device gradients.
-///
-/// Files. This header is the public class; its knobs, paths and statistics are in
-/// bucketer/options.hpp, and the engine behind it in bucketer/engine.hpp, over the bucket storage
-/// (bucketer/buckets.hpp), the registered gradients (bucketer/gradients.hpp), the device part
-/// (bucketer/device.hpp), the cross-rank layout check (bucketer/layout_check.hpp), the
-/// observation part (bucketer/observe.hpp: straggler, timeline) and the progress thread
-/// (bucketer/progress.hpp). Layout policies live in ddp/bucketing/, comm hooks in ddp/hooks/.
+/// A trainer calls `mark_ready(i)` as each gradient is computed and `finalize()` at the end of
+/// the backward pass; gradients are grouped into buckets by the layout `Policy`, and a bucket's
+/// collective starts as soon as its last gradient is ready. This header is the public class; its
+/// knobs, paths and statistics are in bucketer/options.hpp, the engine in bucketer/engine.hpp,
+/// layout policies in ddp/bucketing/, comm hooks in ddp/hooks/. How it works, the per-bucket
+/// paths, progress and no_sync: docs/bucketer.md; device gradients: docs/gpu-training.md.
 
 #include <concepts>
 #include <cstddef>

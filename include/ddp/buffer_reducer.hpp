@@ -4,35 +4,10 @@
 /// consistent across ranks, with a strategy per buffer and one collective per group of buffers
 /// that share a strategy, a dtype and a device.
 ///
-/// @code
-/// ddp::BufferReducer buffers(comm);                                  // default: broadcast from rank 0
-/// buffers.add(model.bn_running_mean);                                // trainer-owned: copy path
-/// buffers.add(model.examples_seen, ddp::strategies::allreduce_sum{});
-/// auto stats = buffers.emplace<float>(64, ddp::strategies::allreduce_mean{});  // reducer-owned: view path
-/// buffers.build();                                                   // collective: checks every rank agrees
-/// std::span<float> running = buffers.span(stats);                    // the trainer's buffer from now on
-/// for (auto& batch : data) {
-///   buffers.sync();                                                  // before forward, like DDP
-///   ...
-/// }
-/// @endcode
-///
-/// Paths. A buffer added with `add()` stays where the trainer keeps it: each communicating sync
-/// packs the group into the reducer's flat storage, runs the collective and unpacks in the work's
-/// continuation (a group that is a single trainer buffer runs in place, no copy). A buffer made
-/// with `emplace()` lives in the flat storage for good: no copy at all.
-///
-/// Ordering. Every rank must register the same buffers (count, dtype, strategy) in the same order
-/// and call `sync()` the same number of times; `build()` checks the first part.
-///
-/// Progress. `sync_async()` returns a `work`; backends such as Open MPI make progress only while
-/// it is tested, so a trainer overlapping it with the forward pass calls `test()` now and then.
-///
-/// Threads. One thread per reducer; nothing here is synchronised.
-///
-/// Files. This header is the public class; its knobs are in buffer_reducer/options.hpp, what it
-/// reports in buffer_reducer/stats.hpp, its join hook in buffer_reducer/join_hook.hpp, and the
-/// engine behind it in buffer_reducer/engine.hpp. Strategies live in ddp/strategies/.
+/// This header is the public class; its knobs are in buffer_reducer/options.hpp, what it
+/// reports in buffer_reducer/stats.hpp, its join hook in buffer_reducer/join_hook.hpp, the
+/// engine in buffer_reducer/engine.hpp, strategies in ddp/strategies/.
+/// Copy and view paths, ordering, progress, join and errors: docs/buffer-reducer.md.
 
 #include <concepts>
 #include <cstddef>

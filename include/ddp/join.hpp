@@ -2,34 +2,11 @@
 /// @file join.hpp
 /// @brief `JoinContext<Joinables...>`: training with uneven inputs across ranks.
 ///
-/// A rank that runs out of data calls `finish()` and keeps shadowing the collectives of the
-/// ranks still training until all have run out; then every joinable's post hook runs (the
-/// Bucketer broadcasts the final parameters from the last rank to join). Training ranks call
-/// `notify()` once per iteration, before any joinable's collectives.
-///
-/// Cost: `notify()` is exactly one int64 sum allreduce of `2 + 2K + ceil(size / 63)` elements for
-/// all K joinables together. It carries how many ranks still train, which of them (the
-/// authoritative rank is the highest), for each joinable how many training ranks run its
-/// collectives this iteration (a Bucketer in `no_sync` does not), and the order in which the
-/// training ranks issue the joinables' collectives. PyTorch spends up to three float32/int64
-/// allreduces per iteration for less information. With `enable = false` nothing is communicated.
-///
-/// Order: a rank that ran out of data runs the joinables' main hooks in the order in which the
-/// training ranks issue the joinables' collectives, not the order they were given in: each
-/// training rank's context learns that order from the joinables (`join_order_token`, see
-/// joinable.hpp) and carries it in the bookkeeping; ranks that disagree get a `mismatch_error`.
-/// Before any iteration has been observed the order is the registration order, with joinables
-/// that give a `join_issue_phase()` hint arranged by phase (a BufferReducer's sync before a
-/// Bucketer's buckets).
-///
-/// Safety: the bookkeeping uses one dtype and a fixed length, so a rank that issues another
-/// collective in its place (a `barrier()` inside the loop) is caught by the checked
-/// communicator (`ddp::checked_communicator`) or the local backend as a mismatch on every rank,
-/// or, on an unchecked backend, by the timeout; it never yields a garbage rank. Training ranks
-/// that disagree about whether a joinable communicates this iteration get a `mismatch_error`.
-/// No collective and nothing that throws runs in the destructor: forgetting `finish()` after
-/// `notify()` is reported and terminates the process (like a joinable `std::thread`), because
-/// the other ranks would otherwise wait for collectives that never come.
+/// A rank that runs out of data calls `finish()` and shadows the collectives of the ranks still
+/// training until all have run out; training ranks call `notify()` once per iteration (one
+/// int64 allreduce for all joinables), before any joinable's collectives. Without it, ranks
+/// with more data wait forever for the collectives of a rank that stopped.
+/// Cost, rules, the issue order, safety and the destructor: docs/join.md.
 
 #include <algorithm>
 #include <array>

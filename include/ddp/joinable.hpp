@@ -2,42 +2,12 @@
 /// @file joinable.hpp
 /// @brief What a class provides to take part in a `JoinContext` (uneven inputs).
 ///
-/// A joinable is any class with
-/// - `join_hook(const join_hook_options&)` returning a `join_hook`: an object whose
-///   `main_hook(const join_round&)` runs on a rank that has run out of data, once per round in
-///   which training ranks run this joinable's collectives, and issues exactly those collectives
-///   (with neutral data); and whose `post_hook(const join_summary&)` runs once on every rank after
-///   all ranks have joined;
-/// - `join_communicator()` returning the communicator its collectives use.
-/// Optionally:
-/// - `bool join_will_communicate()`: asked on a training rank at each `notify()`; whether this
-///   joinable issues its per-iteration collectives in this iteration (false, e.g., in a `no_sync`
-///   iteration of a Bucketer). Default: true.
-/// - `void join_notified(const join_round&)`: told the round's bookkeeping on a training rank
-///   (ranks still training, authoritative rank), e.g. to pick a divisor or a broadcast root. Keep
-///   the round's `order_token` and call `collective_issued()` on it when you issue your first
-///   collective of the iteration, so that ranks that have run out of data shadow you in the right
-///   place among the context's joinables (see below).
-/// - `join_phase join_issue_phase()` (may be static): when in an iteration this joinable issues
-///   its collectives; only a hint for the order before any iteration has been observed.
-///
-/// Issue order. A rank that has run out of data runs the joinables' main hooks one after the
-/// other, so it must run them in the order in which the training ranks issue the joinables'
-/// collectives, whatever order they were given to the context in. Each training rank's context
-/// observes that order (the first `collective_issued()` of each joinable in an iteration), keeps
-/// a learned order, and carries it in its bookkeeping allreduce; a joined rank shadows in the
-/// carried order. Rules that follow:
-/// - a joinable's collectives within an iteration must be contiguous (not interleaved with
-///   another joinable's), and the joinables must be issued in the same order every iteration
-///   (a joinable that skips an iteration aside);
-/// - a joinable that never reports keeps its place in the learned order (initially the
-///   registration order, with the joinables that give a `join_issue_phase` arranged by phase);
-/// - before any iteration has been observed (a rank with no data at all) the learned order is
-///   that initial guess. A wrong guess fails like any misaligned collective (a mismatch on a
-///   checked communicator or the local backend; on unchecked MPI a timeout naming the pending
-///   collective, or MPI_ERR_TRUNCATE), never hangs;
-/// - training ranks that report different orders get a `mismatch_error` at the next `notify()`
-///   (joined ranks in `finish()`), on every rank.
+/// The `joinable` concept (`join_hook()`, `join_communicator()`; optionally
+/// `join_will_communicate()`, `join_notified()`, `join_issue_phase()`), the `join_round` and
+/// `join_summary` a joinable is told, and the `join_order_token` through which the context
+/// learns the order in which training ranks issue the joinables' collectives. Apart from
+/// join.hpp so that a component can be a joinable without the context.
+/// What each member must do and the issue-order rules: docs/join.md ("Writing a joinable").
 
 #include <algorithm>
 #include <atomic>

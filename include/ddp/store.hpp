@@ -3,27 +3,11 @@
 /// @brief The rendezvous `store` concept, and `store_ref`, the non-owning type-erased reference
 /// through which communicators and helpers use any store without being templated on it.
 ///
-/// A store is a small key-value service every member of a job can reach: a directory on a shared
-/// file system (`stores::file_store`), a Redis server (`stores::redis_store`), or anything the
-/// user models. Communicators exchange their addresses through it; survivors of a failure meet
-/// in it to agree on a new member set.
-///
-/// Contract of a model:
-/// - Keys are 1..256 bytes of `[A-Za-z0-9_.:/@-]` (checked: `usage_error`). `/` separates
-///   namespaces (`job/g3/gloo/0`); `stores::prefix_store` adds such a prefix.
-/// - Values are bytes, at most the store's limit (`default_max_value_bytes` unless configured).
-///   A too-large value passed to `set` is a `usage_error`; a stored value that is truncated,
-///   corrupt, not written by ddp or over the limit is a `communication_error` on `get`.
-/// - `set(key, value)` replaces the value atomically: a reader sees the old or the new bytes,
-///   never a mix.
-/// - `get(key)` returns the value, or nothing if the key is not set. It never blocks.
-/// - `wait(keys, timeout)` returns once every key is set; throws `timeout_error` naming the keys
-///   still missing when `timeout` passes.
-/// - `add(key, delta)` adds atomically to a 64-bit counter (created at 0) and returns the new
-///   value; `add(key, 0)` reads it. Counters live beside values: `get`/`wait` do not see them.
-/// - `erase_prefix(prefix)` removes every value and counter whose key starts with `prefix` and
-///   returns how many it removed.
-/// - Failures to reach the backing service are `communication_error`s.
+/// A store is a small key-value service every member of a job can reach (a directory on a shared
+/// file system, a Redis server, or a user's model): communicators exchange their addresses
+/// through it, and survivors of a failure meet in it to agree on a new member set. The contract
+/// of a model (keys, values, set/get/wait/add/erase_prefix, errors): docs/backends-gloo.md
+/// ("Rendezvous stores").
 
 #include <chrono>
 #include <concepts>

@@ -3,27 +3,10 @@
 /// @brief Which rank made a step slow: straggler attribution from the synchronisation itself,
 /// without synchronised clocks.
 ///
-/// Once an allreduce has completed, every rank's wall time for the step is the same: the ranks
-/// that were ready early waited for the last one. What differs is *how long each rank waited*.
-/// The last bucket's collective completes on every rank at about the same moment (it cannot
-/// complete before the last rank contributed, and completes on all ranks within one transfer of
-/// each other), so it is a common reference point that needs no clock synchronisation:
-///
-/// - `ready_span` (a rank's backward pass): its first `mark_ready` to its last;
-/// - `arrival_wait`: its last `mark_ready` (when it launched its last bucket) to the completion
-///   of its last bucket. A rank that arrived early waits long; the rank everybody waited for
-///   waits only for the transfer itself.
-///
-/// So the rank with the shortest `arrival_wait` arrived last: it is the straggler, and
-/// `max(arrival_wait) - arrival_wait[r]` is how long after the earliest rank rank r arrived.
-/// This holds whether the rank was late because of its backward pass, its forward pass, its data
-/// loader or its optimizer step: whatever delayed its last `mark_ready`.
-///
-/// The Bucketer measures both values for free every step (`step_stats`); with
-/// `bucketer_options::straggler_every = N` it exchanges them every N synchronised iterations
-/// with one allgather of `timing_words` int64 per rank at the end of `finalize()`, after which
-/// every rank holds the same `straggler_report`. `attribute_straggler()` is the pure computation, usable
-/// with values exchanged any other way.
+/// The last bucket's collective completes on every rank at about the same moment, so the rank
+/// that waited least for it (shortest `arrival_wait`) arrived last. The Bucketer measures the
+/// timings every step and, with `bucketer_options::straggler_every`, exchanges them;
+/// `attribute_straggler()` is the computation alone. How and what it costs: docs/observability.md.
 
 #include <algorithm>
 #include <cmath>

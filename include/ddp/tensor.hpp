@@ -4,21 +4,9 @@
 /// `tensor` concept that checks it, `is_tensor_handle_v` (copies share storage), and
 /// `tensor_view`, the non-owning view every component uses.
 ///
-/// Contiguous, sized ranges of supported element types (`std::vector<float>`, `std::span<double>`,
-/// `std::array<std::int64_t, N>`) work with no user code. For an own type, specialise:
-/// @code
-/// template <> struct ddp::tensor_traits<my::Tensor> {
-///   static void* data(my::Tensor& t) { return t.ptr; }
-///   static std::int64_t size(const my::Tensor& t) { return t.numel; }  // any integer type
-///   static ddp::dtype dtype(const my::Tensor& t) { return t.is_half ? ddp::dtype::f16 : ddp::dtype::f32; }
-///   static ddp::device device(const my::Tensor& t) {
-///     return t.on_gpu ? ddp::device::cuda(t.gpu) : ddp::device::host();
-///   }
-/// };
-/// @endcode
-/// A handle type whose copies share one storage (like `at::Tensor`) declares
-/// `static constexpr bool is_handle = true;` and, if its const handles still give a mutable data
-/// pointer, `static void* data(const T&)`: components then hold it by value and accept `const T&`.
+/// Contiguous, sized ranges of supported element types work with no user code; another type
+/// specialises `tensor_traits` (`data`, `size`, `dtype`, `device`, optionally `is_handle`).
+/// Examples, handles, const handles and what a component keeps: docs/tensors.md.
 
 #include <concepts>
 #include <cstddef>

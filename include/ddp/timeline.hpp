@@ -4,36 +4,9 @@
 /// (chrome://tracing, https://ui.perfetto.dev), and `timeline::merge`, which joins the ranks'
 /// files into one trace with a track group per rank.
 ///
-/// @code
-/// ddp::timeline::recorder rec(comm.rank());
-/// rec.synchronize(comm);            // optional, collective: a common time origin for all ranks
-/// grads.set_recorder(&rec);         // Bucketer: mark_ready marks, one track per bucket, finalize
-/// join.set_recorder(&rec);          // JoinContext: bookkeeping rounds
-/// buffers.set_recorder(&rec);       // BufferReducer: syncs
-/// manager.set_recorder(&rec);       // Manager: quorum, heal, commit vote
-/// ... train ...
-/// rec.write_file("trace." + std::to_string(comm.rank()) + ".json");
-/// // then: ddp-trace-merge merged.json trace.*.json   (or timeline::merge_files)
-/// @endcode
-///
-/// Each event lies on a *track* (a Chrome trace thread: `tid`) of its rank (`pid`): `backward`
-/// (one instant per `mark_ready`), `bucket 0`, `bucket 1`, ... (each bucket's collective from
-/// launch to observed completion), `finalize` (the wait, the straggler exchange), `buffers`,
-/// `join`, `manager`. Components take a `recorder*` (null: nothing is recorded, one branch per
-/// hook); there is no global recorder.
-///
-/// Cost. Recording takes a mutex and appends to a ring of `capacity` events (the oldest are
-/// overwritten; `dropped()` counts them); nothing is formatted until `write()`. Names and track
-/// names are static strings, so an event never allocates unless it carries a `detail` text.
-///
-/// Clocks. Timestamps are `ddp::clock` (steady_clock, CLOCK_MONOTONIC on Linux), which all
-/// processes of one host share. `synchronize(comm)` agrees on a time origin: ranks on rank 0's
-/// host use rank 0's clock reading exactly; ranks on other hosts estimate their offset from
-/// rank 0 as the median, over a few rounds, of the difference of clock readings taken right
-/// after a barrier returns. That estimate is off by the spread of barrier exits (microseconds on
-/// an idle network, up to milliseconds on an overloaded machine), so a cross-host merged view is
-/// aligned to about that; within a rank, intervals are exact. Without `synchronize()`, time is
-/// counted from the steady clock's own origin (aligned across ranks of one host only).
+/// Components take a `recorder*` (`set_recorder`; null records nothing); there is no global
+/// recorder. Usage, the tracks, the cost and how clocks are aligned across ranks and hosts:
+/// docs/observability.md ("The timeline").
 
 #include <algorithm>
 #include <array>

@@ -83,12 +83,12 @@ inline double get(ddp::tensor_view v, std::size_t i) {
   return x;
 }
 
-// ---- seed 003 -------------------------------------------------------------------------------------
+// ---- counts and a running mean -------------------------------------------------------------------
 
 /// Each rank counts the positive and negative examples it saw (i64, allreduce sum); a running
 /// mean (f32) is broadcast from rank 0. Two groups, two collectives. `emplaced` runs the same on
 /// the view path.
-inline void seed_003(ddp::communicator_ref comm, bool emplaced) {
+inline void counts_and_running_mean(ddp::communicator_ref comm, bool emplaced) {
   const int rank = comm.rank();
   const int size = comm.size();
   std::vector<std::int64_t> counts{0, 0};  // positives, negatives
@@ -939,8 +939,8 @@ inline void handles_by_value(ddp::communicator_ref comm) {
 
 /// Everything except the layout-mismatch and join cases (which need 2 ranks or more).
 inline void run_all(ddp::communicator_ref comm) {
-  seed_003(comm, false);
-  seed_003(comm, true);
+  counts_and_running_mean(comm, false);
+  counts_and_running_mean(comm, true);
   every_strategy(comm);
   mixed_groups(comm);
   many_buffers_one_collective(comm);

@@ -36,7 +36,7 @@ struct ddp::tensor_traits<trainer::Tensor> {
 
 using test_ranks::require_on_ranks;
 
-TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in exactly 2 collectives",
+TEST_CASE("local: counts allreduced and a running mean broadcast, in exactly 2 collectives",
           "[local][buffer_reducer]") {
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
@@ -44,7 +44,7 @@ TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in e
     std::array<std::int64_t, 4> positives{};
     std::array<float, 4> mean0{};
     REQUIRE_NOTHROW(ddp::local::run(n, [&](ddp::local::communicator& comm) {
-      // example-begin seed-003
+      // example-begin quick-start
       std::vector<std::int64_t> seen{0, 0};  // positives, negatives seen by this rank
       std::vector<float> running_mean(16);
       ddp::BufferReducer buffers(comm);  // default strategy: broadcast from rank 0
@@ -55,7 +55,7 @@ TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in e
       seen[0] += comm.rank() + 1;
       running_mean[0] = static_cast<float>(comm.rank());
       buffers.sync();  // every rank: global counts, rank 0's running mean
-      // example-end seed-003
+      // example-end quick-start
       const auto r = static_cast<std::size_t>(comm.rank());
       issued[r] = static_cast<int>(comm.issued()) - 1;  // minus build()'s layout check
       positives[r] = seen[0];
@@ -69,8 +69,8 @@ TEST_CASE("local: seed 003, counts allreduced and a running mean broadcast, in e
     }
   }
   // and the full check, both paths
-  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, false); });
-  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::seed_003(c, true); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::counts_and_running_mean(c, false); });
+  require_on_ranks(1, 4, [](ddp::communicator_ref c) { br_suite::counts_and_running_mean(c, true); });
 }
 
 TEST_CASE("local: every strategy, every dtype, copy and view paths", "[local][buffer_reducer]") {

@@ -14,11 +14,10 @@
 
 #include "buffer_reducer_suite.hpp"
 
-TEST_CASE("mpi: seed 003, counts allreduced and a running mean broadcast, in exactly 2 collectives",
-          "[mpi][buffer_reducer]") {
+TEST_CASE("mpi: counts allreduced and a running mean broadcast, in exactly 2 collectives", "[mpi][buffer_reducer]") {
   auto comm = ddp::mpi::communicator::world();
-  REQUIRE_NOTHROW(br_suite::seed_003(comm, false));
-  REQUIRE_NOTHROW(br_suite::seed_003(comm, true));
+  REQUIRE_NOTHROW(br_suite::counts_and_running_mean(comm, false));
+  REQUIRE_NOTHROW(br_suite::counts_and_running_mean(comm, true));
 
   std::vector<std::int64_t> seen{comm.rank() + 1, 0};
   std::vector<float> running_mean(16, static_cast<float>(comm.rank()));

@@ -23,7 +23,7 @@ TEST_CASE("Bucketer over MPI", "[mpi][bucketer]") {
   REQUIRE_NOTHROW(bucketer_cases::run_all(comm));
 }
 
-TEST_CASE("Bucketer over MPI: ten re-creations on fresh communicators (seed 000)", "[mpi][bucketer]") {
+TEST_CASE("Bucketer over MPI: ten re-creations on fresh communicators leave nothing attached", "[mpi][bucketer]") {
   REQUIRE_NOTHROW(bucketer_cases::recreate_ten_times(make_world().rank(), [](int) { return make_world(); }));
 }
 

@@ -5,38 +5,9 @@
 /// `ddp::cuda::hooks::bf16_compress`, the counterparts of the host hooks of
 /// <ddp/hooks/compress.hpp> for buckets in device memory.
 ///
-/// CUDA source: include it from a `.cu` file compiled by nvcc (CMake: a target with CUDA sources
-/// that links `ddp::nccl`, or `ddp::cuda`). Nothing else in ddp needs nvcc; host-only code never
-/// includes this header.
-///
-/// What a hook does with a device bucket of f32 (or f64) gradients, all of it enqueued on the
-/// communicator's stream (`communicator_ref::device_queue()`), nothing waiting on the host:
-/// 1. one kernel writes `wire[i] = narrow(data[i] * (1/divisor))` into a device scratch buffer of
-///    half the bytes (f64: a quarter): ddp's averaging rule (ddp/average.hpp), so the narrow sum
-///    cannot overflow where the wide values would not, and the bits are the host hook's;
-/// 2. the allreduce (a sum) of the scratch buffer on the communicator;
-/// 3. one kernel widens the sum back into the bucket.
-/// The returned work is the allreduce's, extended: it completes once step 3 completed on the
-/// device, so a host wait on it sees the averaged bucket; work enqueued on the communicator's
-/// stream after the hook returned (the Bucketer's copy back) is ordered after step 3 anyway.
-///
-/// The scratch buffer is allocated with the communicator's device runtime, on its stream, once
-/// per communicator and bucket index, and kept (regrown when a bucket grows): steady-state steps
-/// allocate nothing. Copies of a hook share it. It is freed when the last copy of the hook (and
-/// the last work it returned) is gone, on the stream it was allocated on: destroy the Bucketer
-/// holding the hook before the communicator.
-///
-/// Buckets that need no compression: f16 and bf16 buckets travel as they are (NCCL reduces both
-/// natively; the hook then averages them as the default hook does, by the backend's
-/// pre-multiplied sum), so gradients that are already 2-byte floats need no hook at all. Host
-/// buckets (a host communicator) go to the host hook of the same name. Integer buckets are a
-/// `usage_error`, as for the host hooks.
-///
-/// @code
-/// #include <ddp/cuda/compress.cuh>  // in a .cu file
-/// ddp::Bucketer<> bucketer(nccl_comm, ddp::bucketing::size_capped{.cap_bytes = 25 << 20});
-/// bucketer.register_comm_hook(ddp::cuda::hooks::bf16_compress{});
-/// @endcode
+/// CUDA source: include it from a `.cu` file compiled by nvcc; host-only code never includes it.
+/// What a hook enqueues, its scratch buffer and which buckets need no compression:
+/// docs/gpu-training.md ("Compression hooks on the device").
 
 #if !defined(__CUDACC__)
 #error "compile this header with nvcc (ddp/cuda/compress.cuh has CUDA kernels)"

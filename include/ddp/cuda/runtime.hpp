@@ -4,38 +4,8 @@
 /// compiler, no nvcc needed; link `ddp::cuda`), and the conversions between CUDA's handles and
 /// the runtime-neutral `device_stream` / `device_event`.
 ///
-/// What each operation is:
-/// - `allocate` / `deallocate`: `cudaMallocAsync` / `cudaFreeAsync` on the stream (the device's
-///   default memory pool), with the target device current;
-/// - `copy`: one `cudaMemcpyBatchAsync` when the CUDA runtime has it (CUDA 13 and later) and the
-///   batch may run in any order (no copy writes memory another copy of the batch touches);
-///   otherwise one `cudaMemcpyAsync(..., cudaMemcpyDefault, stream)` per region, in order. Either
-///   side may be host or device memory (unified addressing);
-/// - `zero`: `cudaMemsetAsync`;
-/// - streams: `cudaStreamCreateWithFlags(cudaStreamNonBlocking)`, so they are not ordered after
-///   the legacy default stream (order them with events);
-/// - events: `cudaEventCreateWithFlags(cudaEventDisableTiming)`; `record` / `wait` / `query` /
-///   `synchronize` are `cudaEventRecord` / `cudaStreamWaitEvent` / `cudaEventQuery` /
-///   `cudaEventSynchronize`.
-///
-/// Calls that create something on a device make that device current for the call and restore the
-/// caller's device afterwards (`device_guard`); copies and fills select the device of their
-/// stream. Every failure is a `communication_error` naming the rank given at construction, the
-/// operation ("cuda::runtime::allocate") and the CUDA function with CUDA's explanation; on a
-/// machine without a driver or device the first call that needs one fails that way.
-///
-/// The runtime holds no state beyond its rank, so it is thread-safe and any number of them may
-/// exist in one process (the NCCL communicator owns one).
-///
-/// @code
-/// ddp::cuda::runtime rt(rank);
-/// const ddp::device gpu = ddp::device::cuda(0);
-/// ddp::device_stream s = rt.create_stream(gpu);
-/// void* p = rt.allocate(gpu, bytes, s);
-/// const ddp::copy_region up{p, host_data, bytes};
-/// rt.copy({&up, 1}, s);
-/// cudaStream_t native = ddp::cuda::native(s);  // for kernels of one's own
-/// @endcode
+/// Which CUDA call each operation is, the current device, errors and threads:
+/// docs/gpu-training.md ("The CUDA runtime").
 
 #include <cuda_runtime_api.h>
 

@@ -3,35 +3,10 @@
 /// @brief `data::global_batch_sampler`: every sample of every epoch is trained on exactly once,
 /// with a constant global batch, while replicas leave and join a fault-tolerant job.
 ///
-/// The samples form one stream: epoch 0's samples in a seeded order, then epoch 1's in another,
-/// and so on. A step consumes the next `global_batch` positions of the stream, split into
-/// micro-batches of `micro_batch` samples; replica r of a quorum of P gets the contiguous
-/// micro-batches `contiguous_share(M, P, r)` (M = global_batch / micro_batch), the same split as
-/// `ReproducibleReducer`. The position of the stream (the **cursor**) advances only in
-/// `commit()`, called when the Manager committed the step:
-///
-/// - a step that does not commit consumes nothing: the next attempt re-splits the same global
-///   batch over the quorum it then has (its samples are "given back");
-/// - the global batch stays constant whatever the quorum's size; only the shares change;
-/// - the cursor is an int64 scalar of the training state, so a replacement replica receives it
-///   when it heals, together with the parameters, and continues at the right place.
-///
-/// A global batch may straddle two epochs (the stream has no gaps), so no sample is dropped and
-/// no batch is short. Shuffling uses a keyed pseudo-random permutation per epoch (a Feistel
-/// network with cycle walking): O(1) memory, the same order on every replica and platform.
-///
-/// @code
-/// ddp::training_state state;  state.add(weights);
-/// ddp::data::global_batch_sampler sampler({.dataset_size = n, .global_batch = 256, .micro_batch = 32}, state);
-/// ddp::Manager m(store, factory, state, opts);        // the cursor heals with the weights
-/// while (...) {
-///   m.start_quorum();
-///   for (std::size_t j : sampler.share(m))            // my micro-batches of this step
-///     train_on(sampler.micro_batch(j));               // sample ids
-///   ... reduce gradients through the Manager ...
-///   if (m.should_commit()) { optimizer_step(); sampler.commit(); }
-/// }
-/// @endcode
+/// One seeded stream of samples; each step's global batch is split over the live replicas
+/// (`contiguous_share`, as `ReproducibleReducer`), and the cursor, a healed scalar of the
+/// training state, advances only in `commit()`, after the Manager committed the step. Usage,
+/// the rules and the shuffle: docs/exactly-once.md.
 
 #include <bit>
 #include <concepts>

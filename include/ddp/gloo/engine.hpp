@@ -5,26 +5,10 @@
 /// collective gloo would leave blocked.
 ///
 /// gloo's collectives block the calling thread; the communicator concept wants non-blocking
-/// calls returning work handles. Each communicator therefore owns one worker thread. Issue order
-/// is run order, so ranks that issue the same sequence make the same sequence of gloo calls.
-///
-/// Failure: the first operation that fails breaks the communicator. The worker then closes the
-/// context's connections at once, so peers blocked on this rank fail now rather than at their
-/// timeout (this is how a death two hops away reaches a rank that only talks to survivors),
-/// and every later operation fails with `communication_error` without touching the network.
-///
-/// Monitor: while a collective has run for more than 50 ms, a second thread checks every 50 ms
-/// whether one of the context's connections broke. gloo fails the operations of a broken pair,
-/// but not a send it already handed to the socket: that waits out the full timeout. When the
-/// monitor sees a broken connection it interrupts the collective (below) so the survivor fails
-/// within ~50 ms instead of at the timeout.
-///
-/// Interrupt (monitor, abort): the context's sockets are shut down, which makes gloo's I/O
-/// thread fail every pair here and the peers' pairs with us; then the waits on the buffers we
-/// gave gloo are aborted, every 10 ms until gloo returns. gloo does not check what its waits
-/// return, so an interrupted collective is reported failed however gloo returns. Only the
-/// worker thread calls into gloo's collectives; the others only touch socket descriptors and
-/// the buffers' abort flags, both thread-safe.
+/// calls returning work handles, and survivors of a dead peer should fail within milliseconds,
+/// not at their timeout. Only the worker thread calls into gloo's collectives. The worker,
+/// the broken state, the monitor and interrupts: docs/backends-gloo.md ("Collectives",
+/// "Failure semantics").
 
 #include <pthread.h>
 #include <signal.h>

@@ -3,28 +3,10 @@
 /// @brief Seeing and acting on the sockets under a gloo context: is a connection broken, and
 /// wake a collective blocked in another thread.
 ///
-/// gloo has no way to cancel a running collective, and two of its waits outlive a failure:
-/// - closing the context's connections (`closeConnections`) does not wake a thread waiting for
-///   data; it waits for its full timeout (measured: 2 s timeout, abort after 0.3 s, woken at
-///   2.0 s). What does wake it is its connection failing: gloo's I/O thread sees end-of-file
-///   and fails the pair's operations, exactly as when a peer dies. So `shutdown_connections`
-///   shuts the sockets down (shutdown(2), not close(2): the descriptors stay gloo's to close).
-/// - a send already handed to the socket when its pair fails is not failed by gloo: its
-///   waitSend sleeps until the timeout (measured: a survivor whose neighbour survivor failed
-///   timed out at exactly 5 s in 3 of 15 kill runs). `connections_broken` lets a monitor see
-///   the failed pair; the engine then aborts the waits on the buffers it gave gloo.
-///
-/// gloo does not expose its descriptors. A connected pair's address() is its socket's local
-/// address, and each connection has its own local port, so the sockets are found by matching
-/// the local addresses of this process's descriptors (/proc/self/fd). Without /proc, nothing
-/// is found: a blocked collective then ends at its timeout, as plain gloo would.
-///
-/// gloo may close a descriptor while we look at it (a failing pair is closed by its I/O thread).
-/// Reading a closed or reused descriptor is harmless; a shutdown could only hit the wrong
-/// socket if, between matching the address and the shutdown call (a few instructions), gloo
-/// closed it and another thread of the process created a socket that received the same number.
-/// That window is only open while a communicator fails or aborts; a non-socket is refused by
-/// shutdown(2).
+/// gloo has no way to cancel a running collective, and neither closing its connections nor a
+/// failed pair wakes every wait; shutting the sockets down does. gloo does not expose its
+/// descriptors, so they are found by their local addresses (/proc/self/fd). Why, what was
+/// measured and the descriptor race: docs/backends-gloo.md ("How the quick detection works").
 
 #include <dirent.h>
 #include <netinet/in.h>

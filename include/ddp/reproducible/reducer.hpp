@@ -3,27 +3,10 @@
 /// @brief `ReproducibleReducer`: gradients averaged over a global batch of M micro-batches with
 /// the same bits at every world size (DP = 1, 2, 3, 4, ...), not only on every rank of one run.
 ///
-/// The global batch of a step is an ordered sequence of M micro-batches. Rank r of a world of
-/// P computes the contiguous micro-batches `contiguous_share(M, P, r)`, and hands each one's
-/// gradients to the reducer with `accumulate(i)`, `i` being the global micro-batch index. The
-/// reducer adds them in the fixed tree over global indices (`reproducible/tree.hpp`) as far as
-/// its range allows (its **cover**: the maximal subtrees inside its range), and `finalize()`
-/// completes the tree across ranks: every rank receives every rank's cover nodes (allgather),
-/// evaluates the upper tree in the tree's order and divides the root by M. Every addition of the
-/// final value is the same `a + b` on the same two values whatever P is, so the result is the
-/// same bits at every world size.
-///
-/// Cost per step, n gradient elements, P ranks, K = the largest cover (1 when every rank's range
-/// is one aligned subtree, as with M / P a power of two; at most about 2 log2(M / P)):
-/// - local: one copy or one addition of n elements per micro-batch (as plain accumulation);
-/// - network: K allgathers of n elements each, in chunks: each rank sends K n and receives
-///   (P - 1) K n elements (a ring allreduce moves 2 (P - 1) / P n each way);
-/// - upper tree: (sum of the ranks' cover sizes - 1) additions per element, on every rank,
-///   fused with the division and the copy into the gradients.
-/// Scratch: `max_chunks_in_flight` x K x P x chunk, plus the node buffers (about log2(M / P) + 1).
-///
-/// The reducer issues its collectives only in `finalize()` (no overlap with the backward pass in
-/// this version) and only where it is used: the default Bucketer path is untouched.
+/// Each rank adds its contiguous micro-batches in a fixed tree over global indices
+/// (reproducible/tree.hpp); `finalize()` allgathers the ranks' cover nodes and completes the
+/// tree on every rank. The default Bucketer path is untouched. How it works, why the bits cannot
+/// depend on the world size, and the cost: docs/reproducible.md.
 
 #include <algorithm>
 #include <chrono>

@@ -3,31 +3,10 @@
 /// @brief `ddp::shm::communicator<Inner, Cross>`: a communicator decorator whose allreduce runs
 /// through shared memory among the ranks of a node and, across nodes, over one leader per node.
 ///
-/// Wrap any ddp communicator and hand the result to any component (Bucketer, JoinContext,
-/// BufferReducer) in its place: it models `ddp::communicator`. Allreduce takes the shared-memory
-/// path; broadcast, allgather, reduce_scatter and barrier are forwarded to the wrapped
-/// communicator unchanged.
-///
-/// Allreduce, on a single node: a pipelined reduce-scatter then allgather through the node's
-/// segment (see node_engine.hpp). On several nodes: reduce to each node's leader in shared
-/// memory, allreduce among the leaders over `Cross` (any ddp communicator over one rank per
-/// node), broadcast from the leader in shared memory. `avg` sums and divides once, by the
-/// world size, where the sum is complete.
-///
-/// Completion: the work is done when allreduce() returns, and the returned `work` is already
-/// complete (or carries the failure). Why synchronous: within a node there is no transport to
-/// overlap with — the copies and reductions *are* the work, done by this rank's core — and a
-/// progress thread would compete with the backward pass for the same cores (2 per machine here).
-/// Across nodes the leaders' collective is waited for inside the call too.
-///
-/// Every rank ends with the same bits: each element is reduced by one rank, in rank order (and
-/// across nodes by the leaders' communicator, whose own contract is the same).
-///
-/// Failures: a timeout, a peer's abort or mismatched calls become `timeout_error`,
-/// `communication_error` or `mismatch_error` from the work's wait(); the node's segment is then
-/// marked aborted so that peers fail at once instead of timing out, and later calls throw
-/// `usage_error`. Thread-safe: calls are serialised by a mutex (issue them in the same order on
-/// every rank, as for any communicator).
+/// Wrap any ddp communicator and hand the result to any component in its place; allreduce takes
+/// the shared-memory path, every other collective is forwarded unchanged. Completion is
+/// synchronous and every rank ends with the same bits. The algorithm, why it is synchronous,
+/// failures and threads: docs/shm-allreduce.md.
 
 #include <algorithm>
 #include <array>

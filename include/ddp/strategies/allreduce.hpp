@@ -3,24 +3,9 @@
 /// @brief `strategies::allreduce<Op>`: every rank receives the element-wise reduction over ranks,
 /// and its names `allreduce_sum`, `allreduce_mean`, `allreduce_min`, `allreduce_max`.
 ///
-/// - `allreduce_sum`: counters every rank should agree on (examples seen, positives/negatives,
-///   tokens), where a broadcast from rank 0 would drop the other ranks' counts.
-/// - `allreduce_mean`: running statistics every rank should agree on (BatchNorm means/variances).
-///   Averaged by ddp's one rule (`ddp/average.hpp`): floating point divided before the sum (f16
-///   cannot overflow), integers after it, truncating toward zero. Under join it divides by the
-///   ranks still training unless told otherwise (`divide_by`).
-/// - `allreduce_min` / `allreduce_max`: bounds, e.g. the largest loss scale all ranks can use.
-///
-/// Join: a joined rank contributes the operation's identity, so it does not change the result:
-/// zeros for sum and mean, the dtype's largest value (+inf for floating dtypes) for min, its
-/// lowest (-inf) for max, one for prod. A mean divides by the number of ranks still training
-/// (`mean_divisor::training_ranks`, the default), so running statistics keep their scale while
-/// ranks join, whatever `join_hook_options::divide_by_initial_world_size` says about gradients;
-/// `allreduce_mean{.divide_by = mean_divisor::join_options}` follows that option instead.
-///
-/// Integer sums (and the sums behind integer means) are not checked for overflow by any backend:
-/// a total that does not fit the dtype is a wrong value, silently. Size counters so that the
-/// total over ranks fits.
+/// Sums for counters, means for running statistics (ddp's averaging rule, ddp/average.hpp),
+/// min/max for bounds. What a joined rank contributes, the mean's divisor under join and
+/// silent integer overflow: docs/buffer-reducer.md ("Strategies", "Join").
 
 #include <cstddef>
 #include <cstdint>

@@ -3,23 +3,9 @@
 /// @brief `strategies::custom`: a user callable as a strategy (PyTorch's buffer comm hook,
 /// RFC #63041), for reductions the built-in strategies do not cover.
 ///
-/// Two call forms, the first one that fits is used:
-/// - `f(const ddp::buffer_group& g)`: the full view (flat `g.tensors`, per-buffer `g.buffers`, the
-///   join round, `g.joined`). On a joined rank the callable must issue the same collectives as
-///   the training ranks with data that does not change their result.
-/// - `f(std::span<const ddp::tensor_view> buffers, ddp::communicator_ref comm)`: the group's
-///   buffers (back to back in one allocation) and the communicator. On a joined rank the
-///   reducer zeroes the buffers before calling it, which is neutral for sums.
-///
-/// The result is `ddp::work` or `std::optional<ddp::work>`:
-/// - a `work` handle, possibly empty (`ddp::work::ready()`, a moved-from or default handle): the
-///   sync completes when it does; empty means the callable had nothing to wait for;
-/// - `std::nullopt` is "no work": the callable declined to handle the group, which the reducer
-///   cannot tell from a forgotten return, so it throws `usage_error` naming the buffers and rank.
-///
-/// Grouping: copies of one `custom` object are equal (they share the callable), so buffers added
-/// with the same object are coalesced into one call; two separately made `custom` objects are
-/// never equal, whatever their callables. The reducer counts one collective per group and sync.
+/// Accepts `f(const buffer_group&)` or `f(span<const tensor_view>, communicator_ref)` returning
+/// `work` or `std::optional<work>`. What `std::nullopt` means, grouping of copies and joined
+/// ranks: docs/buffer-reducer.md ("Custom strategies").
 
 #include <concepts>
 #include <cstring>

@@ -3,31 +3,9 @@
 /// @brief `ddp::libtorch::hook_registry`: a `gradient_hook_registry` over libtorch's autograd, so
 /// that `Bucketer::attach()` marks each gradient ready the moment libtorch has accumulated it.
 ///
-/// What is hooked: the parameter's `AccumulateGrad` node (its "gradient accumulator", the node
-/// libtorch's engine runs last for a leaf), through a post hook (`Node::add_post_hook`). That is
-/// the hook PyTorch's own DDP reducer uses: it runs once per backward pass and parameter, after
-/// the incoming gradients were summed into `parameter.grad()`, so `grad()` is final when it fires.
-///
-/// Two things make it work across iterations and across re-creations of the Bucketer:
-/// - **The accumulators are kept alive.** A parameter holds its accumulator only weakly; the graph
-///   of one forward pass holds it strongly. Between iterations nothing does, libtorch destroys it,
-///   and the next forward pass makes a new one, without the hook. The registry holds a
-///   `std::shared_ptr` to each bound parameter's accumulator, so every forward pass reuses it.
-/// - **Hooks are removed.** `add_post_hook` returns a key; `remove_gradient_hook` gives it to
-///   `Node::del_post_hook`. A Bucketer owns each hook it attached through an `attached_hook`, so
-///   destroying the Bucketer removes them (PyTorch's reducer leaked them, PyTorch issue #21344), and
-///   the registry removes whatever is still attached when it is destroyed itself.
-///
-/// Before calling `on_ready`, each hook checks that `parameter.grad()` is still the tensor whose
-/// memory was bound (the Bucketer reads the gradient through the pointer it was given at `add()`).
-/// If something replaced it (`zero_grad(/*set_to_none=*/true)`, an assignment to `mutable_grad()`),
-/// the hook throws `usage_error` naming the parameter, and libtorch rethrows it from `backward()`.
-///
-/// Threads: libtorch runs CPU post hooks on the thread that called `backward()`, CUDA ones on the
-/// device's autograd thread; `Bucketer::mark_ready` is safe from any thread. Do not attach or
-/// detach (create or destroy a Bucketer) while a backward pass runs: libtorch's hook list is not
-/// synchronised.
-///
+/// Post hooks on each parameter's `AccumulateGrad` node (what PyTorch's DDP reducer hooks), kept
+/// alive across iterations and removed with the Bucketer. What is hooked, why the accumulators
+/// are kept, the replaced-gradient check and threads: docs/torch.md ("Hooks: hook_registry").
 /// Part of the `ddp::torch` CMake component; not included by `<ddp/ddp.hpp>`.
 
 #include <cstddef>

@@ -4,35 +4,9 @@
 /// Bucketer and a hook registry, and its buffers with a BufferReducer, each with a strategy that
 /// fits what it holds.
 ///
-/// @code
-/// ddp::libtorch::hook_registry hooks;                 // must outlive the Bucketer
-/// ddp::Bucketer grads(comm);
-/// ddp::BufferReducer buffers(comm);                   // default strategy: broadcast from rank 0
-/// auto reg = ddp::libtorch::register_module(*net, grads, hooks, buffers);
-/// grads.build();
-/// grads.attach(hooks);                                // backward() now calls grads.mark_ready(i)
-/// for (auto& [x, y] : shard) {
-///   buffers.sync();                                   // BatchNorm statistics: mean over ranks
-///   optimizer.zero_grad();                            // in place (libtorch 1.x default)
-///   loss_fn(net->forward(x), y).backward();           // buckets launch while backward runs
-///   grads.finalize();                                 // averaged gradients are in .grad()
-///   optimizer.step();
-/// }
-/// @endcode
-///
-/// Parameters: every parameter that requires a gradient, in `named_parameters()` order (a tied
-/// parameter once). Its gradient is allocated zero-filled and contiguous if it is not allocated
-/// yet; the Bucketer and the hook registry bind to that memory, so gradients must from then on be
-/// zeroed in place, never reset to undefined. Frozen parameters are skipped (and listed).
-///
-/// Buffers: every defined buffer, in `named_buffers()` order, with the strategy that
-/// `register_options::buffer_strategy` picks from its name, or the reducer's default strategy.
-/// The default picker, `batchnorm_buffer_strategy`, gives BatchNorm's running statistics
-/// (`running_mean`, `running_var`) `allreduce_mean` and `num_batches_tracked` a broadcast.
-///
-/// Buffers are registered as views of their memory (fixed pointers), which libtorch modules
-/// update in place. Call it after moving or converting the module (`to(...)`), which reallocates.
-///
+/// Saves a libtorch trainer the per-parameter and per-buffer registration, gradients
+/// pre-allocated in place, BatchNorm statistics averaged. Order, what is skipped, the default
+/// buffer strategies and when to call it: docs/torch.md ("register_module").
 /// Part of the `ddp::torch` CMake component; not included by `<ddp/ddp.hpp>`.
 
 #include <cstddef>

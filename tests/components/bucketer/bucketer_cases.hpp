@@ -377,7 +377,7 @@ inline void misuse_errors(ddp::communicator_ref comm) {
   }
 }
 
-// Seed 000: destroy the communicator, build a new one and a new Bucketer over the same parameters,
+// Re-creation after a failure: destroy the communicator, build a new one and a new Bucketer over the same parameters,
 // ten times; the eleventh step is correct and nothing earlier is still attached. `make_comm(cycle)`
 // returns a fresh communicator object; `end_comm(comm)` aborts/destroys it.
 template <class MakeComm>

@@ -37,7 +37,7 @@ TEST_CASE("Bucketer: a user-written layout policy", "[local][bucketer]") {
   }));
 }
 
-TEST_CASE("Bucketer: ten re-creations over new communicators leave nothing attached (seed 000)", "[local][bucketer]") {
+TEST_CASE("Bucketer: ten re-creations over new communicators leave nothing attached", "[local][bucketer]") {
   for (int n : {2, 3}) {
     std::vector<ddp::local::world> worlds;
     for (int c = 0; c <= 10; ++c) worlds.emplace_back(n);

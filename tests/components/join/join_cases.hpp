@@ -1,6 +1,8 @@
 #pragma once
 // JoinContext behaviour, written once against communicator_ref and run over the local backend
-// (threads) and MPI (processes). Seed 004's six cases are `train()` with different switches.
+// (threads) and MPI (processes). The six uneven-input cases of docs/join.md (one rank with a batch
+// more, with and without join, with a barrier in or after the loop) are `train()` with different
+// switches.
 
 #include <algorithm>
 #include <array>
@@ -84,7 +86,7 @@ inline linear_model reference(int size, int base_batches, bool divide_by_initial
 struct train_options {
   int base_batches = 3;  // rank r holds base_batches + r batches
   bool use_join = true;
-  bool barrier_in_loop = false;  // seed 004 cases 3 and 4
+  bool barrier_in_loop = false;  // cases 3 and 4
   bool barrier_after = false;    // cases 5 and 6
   bool explicit_build = true;    // false: the Bucketer builds itself at the first mark_ready
   ddp::join_options join{};

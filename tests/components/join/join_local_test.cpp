@@ -16,7 +16,7 @@ using test_ranks::on_ranks;
 using test_ranks::require_on_ranks;
 
 namespace {
-// Runs one seed-004 configuration on n ranks; returns each rank's error text ("" = finished).
+// Runs one uneven-input configuration on n ranks; returns each rank's error text ("" = finished).
 std::vector<std::string> run_case(int n, join_cases::train_options o, bool checked) {
   std::vector<std::string> errors(static_cast<std::size_t>(n));
   on_ranks(
@@ -100,7 +100,8 @@ TEST_CASE("JoinContext works through the checked communicator too", "[local][joi
   }));
 }
 
-TEST_CASE("seed 004 case 4: a barrier inside the join loop is a mismatch on every rank", "[local][join][seed004]") {
+TEST_CASE("uneven inputs, case 4: a barrier inside the join loop is a mismatch on every rank",
+          "[local][join][seed004]") {
   for (int n : {2, 3}) {
     for (bool checked : {true, false}) {
       INFO("ranks " << n << (checked ? " checked" : " local backend's own check"));
@@ -119,8 +120,7 @@ TEST_CASE("seed 004 case 4: a barrier inside the join loop is a mismatch on ever
   }
 }
 
-TEST_CASE("seed 004 cases 2, 3, 5: uneven inputs without join fail clearly instead of hanging",
-          "[local][join][seed004]") {
+TEST_CASE("uneven inputs, cases 2, 3, 5: without join, fail clearly instead of hanging", "[local][join][seed004]") {
   for (int n : {2, 3}) {
     for (int c : {2, 3, 5}) {
       INFO("ranks " << n << ", case " << c);

@@ -1,4 +1,5 @@
-// Seed 004's six cases as a program: `seed004 <case> [--checked]`, rank r holding 3 + r batches.
+// The six uneven-input cases of docs/join.md as a program: `seed004 <case> [--checked]`, rank r
+// holding 3 + r batches.
 // Cases 1 and 6 must finish with identical models equal to the serial reference; 2-5 must end
 // with a clear error on the rank left waiting (exit code 3), never a hang or a garbage rank.
 #include <chrono>
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
                   o.base_batches + comm.rank());
       return 0;
     }
-    join_cases::expect_model_matches(comm, m, join_cases::reference(comm.size(), o.base_batches, true), "seed 004");
+    join_cases::expect_model_matches(comm, m, join_cases::reference(comm.size(), o.base_batches, true),
+                                     "uneven inputs");
     std::printf("rank %d: case %d finished, parameters identical on every rank and equal to the reference\n",
                 comm.rank(), which);
     return 0;
