@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-process suites under load: MPI (seed 004 included), gloo and the launcher, each test
+# The multi-process suites under load: MPI (the early-leaver cases, seed004, included), gloo and the launcher, each test
 # repeated until it fails (at most N times), while a busy process keeps one core busy.
 #
 #   scripts/stress.sh [build-dir (default build/default)] [repeats (default 3)]
