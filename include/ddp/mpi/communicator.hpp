@@ -10,10 +10,10 @@
 /// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
 /// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
 ///   2+ tensors is copied into one staging buffer and reduced by one collective. The algorithm
-///   goes by the group's size: below `options::recursive_doubling_max_bytes` ddp's recursive
-///   doubling, from `ring_threshold()` up ddp's ring, between them ddp's halving-doubling below
-///   `options::halving_doubling_max_bytes` and MPI_Iallreduce above (see recursive_doubling.hpp,
-///   halving_doubling.hpp, ring_allreduce.hpp and docs/allreduce-model.md for why).
+///   goes by the group's size and the rank count, picked once per group by
+///   `options::selector()` (allreduce_selector.hpp: recursive doubling for small groups,
+///   halving-doubling for mid sizes, the ring for large ones, MPI_Iallreduce where the thresholds
+///   leave a gap; docs/allreduce-model.md for why).
 /// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
@@ -41,6 +41,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
+#include <ddp/mpi/allreduce_selector.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/environment.hpp>
 #include <ddp/mpi/error.hpp>
@@ -101,8 +102,8 @@ class communicator {
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
   /// ddp's sequence; use the parent communicator for the program's own traffic.
   [[nodiscard]] MPI_Comm native_handle() const { return live("native_handle").comm(); }
-  /// Allreduces (per dtype group) of at least this many bytes run ddp's ring, smaller ones
-  /// MPI_Iallreduce: `options::ring_min_bytes * (size() - 1)`; `options::never` on one rank.
+  /// Allreduces (per dtype group) of at least this many bytes run ddp's ring:
+  /// `options::ring_min_bytes * (size() - 1)`; `options::never` on one rank.
   [[nodiscard]] std::size_t ring_threshold() const { return live("ring_threshold").ring_threshold(); }
   /// Number of collectives issued so far (the next one's sequence number).
   [[nodiscard]] std::uint64_t issued() const { return live("issued").peek_seq(); }
@@ -270,21 +271,13 @@ class communicator {
     }
   }
 
-  // Allreduce of one contiguous region in place: ddp's ring, recursive doubling or
-  // halving-doubling, or MPI_Iallreduce (in chunks of at most INT_MAX elements). `avg` divides on
-  // completion (ddp's own algorithms divide by themselves).
+  // Allreduce of one contiguous region in place by the algorithm the selector picks for its size:
+  // ddp's ring, recursive doubling or halving-doubling, or MPI_Iallreduce (in chunks of at most
+  // INT_MAX elements). `avg` divides on completion (ddp's own algorithms divide by themselves).
   void allreduce_region(detail::comm_state& s, detail::mpi_work& w, tensor_view region, reduce_op op) {
     if (region.count == 0) return;
-    if (region.bytes() >= s.ring_threshold()) {
-      w.add_ring(region, op);
-      return;
-    }
-    if (region.bytes() < s.recursive_doubling_limit()) {
-      w.add_recursive_doubling(region, op);
-      return;
-    }
-    if (region.bytes() < s.halving_doubling_limit()) {
-      w.add_halving_doubling(region, op);
+    if (const algorithm a = s.select(region.bytes()); a != algorithm::mpi_iallreduce) {
+      w.add_p2p(a, region, op);
       return;
     }
     const MPI_Datatype type = s.types().datatype(region.type);
