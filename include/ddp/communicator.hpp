@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include <ddp/device_runtime.hpp>
@@ -84,10 +85,56 @@ concept device_communicator = communicator<C> && requires(const C& cc) {
   { cc.device_queue() } -> std::same_as<ddp::device_queue>;
 };
 
+/// A tensor of any tensor type, or a `tensor_view`: what the single-tensor collectives take.
+template <class T>
+concept single_tensor = tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>;
+
+/// The single-tensor forms `allreduce(t, op)` and `broadcast(t, root)` of a communicator, written
+/// once: a communicator derives from `single_tensor_calls<itself>` and brings them in beside its
+/// span forms (`using single_tensor_calls<X>::allreduce; using single_tensor_calls<X>::broadcast;`).
+/// Each forwards a one-element span of `view(t)`.
+template <class Derived>
+class single_tensor_calls {
+ public:
+  /// In-place allreduce of one tensor of any tensor type.
+  template <single_tensor T>
+  work allreduce(T& t, reduce_op op) {
+    const tensor_view v = view(t);
+    return static_cast<Derived&>(*this).allreduce(std::span<const tensor_view>(&v, 1), op);
+  }
+  /// As above, through a const communicator whose span form is const (`communicator_ref`).
+  template <single_tensor T>
+  requires requires(const Derived& c, std::span<const tensor_view> ts, reduce_op op) { c.allreduce(ts, op); }
+  work allreduce(T& t, reduce_op op) const {
+    const tensor_view v = view(t);
+    return static_cast<const Derived&>(*this).allreduce(std::span<const tensor_view>(&v, 1), op);
+  }
+  /// In-place broadcast of one tensor of any tensor type from `root`.
+  template <single_tensor T>
+  work broadcast(T& t, int root) {
+    const tensor_view v = view(t);
+    return static_cast<Derived&>(*this).broadcast(std::span<const tensor_view>(&v, 1), root);
+  }
+  /// As above, through a const communicator whose span form is const (`communicator_ref`).
+  template <single_tensor T>
+  requires requires(const Derived& c, std::span<const tensor_view> ts, int root) { c.broadcast(ts, root); }
+  work broadcast(T& t, int root) const {
+    const tensor_view v = view(t);
+    return static_cast<const Derived&>(*this).broadcast(std::span<const tensor_view>(&v, 1), root);
+  }
+
+ protected:
+  /// Only as a base of `Derived`.
+  single_tensor_calls() = default;
+};
+
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
 /// outlive every component holding the reference.
-class communicator_ref {
+class communicator_ref : public single_tensor_calls<communicator_ref> {
  public:
+  using single_tensor_calls<communicator_ref>::allreduce;
+  using single_tensor_calls<communicator_ref>::broadcast;
+
   /// Refers to `comm` (implicit, so any communicator can be passed where a `communicator_ref`
   /// is expected). Rvalues are rejected: the reference would dangle.
   template <communicator C>
@@ -139,21 +186,6 @@ class communicator_ref {
   /// The referenced backend's runtime, stream and device; an empty queue (null runtime) if it has none.
   [[nodiscard]] ddp::device_queue device_queue() const {
     return vt_->device_queue != nullptr ? vt_->device_queue(obj_) : ddp::device_queue{};
-  }
-
-  /// Single-tensor conveniences over any tensor type.
-  template <class T>
-  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op)
-  const {
-    const tensor_view v = view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// Single-tensor broadcast of `t` from `root`, over any tensor type.
-  template <class T>
-  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root)
-  const {
-    const tensor_view v = view(t);
-    return broadcast(std::span<const tensor_view>(&v, 1), root);
   }
 
   /// Identity of the referenced object (two refs to the same communicator compare equal).

@@ -55,8 +55,11 @@
 namespace ddp::mpi {
 
 /// One rank's handle on a group of MPI processes. Move-only.
-class communicator {
+class communicator : public single_tensor_calls<communicator> {
  public:
+  using single_tensor_calls<communicator>::allreduce;
+  using single_tensor_calls<communicator>::broadcast;
+
   /// Duplicates `comm` (collective over it). Throws `usage_error` if MPI is not running.
   explicit communicator(MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
@@ -111,10 +114,8 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
     detail::comm_state& s = begin("allreduce");
-    op_info info = contract::check_allreduce(caller(s), tensors, op);
-    info.seq = s.next_seq();
-    if (info.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, contract::check_allreduce(caller(s), tensors, op));
+    if (!w) return work::ready();
     if (tensors.size() == 1) {
       allreduce_region(s, *w, tensors[0], op);
     } else {
@@ -126,10 +127,8 @@ class communicator {
   /// In-place broadcast of `tensors` from `root` (one coalesced call).
   work broadcast(std::span<const tensor_view> tensors, int root) {
     detail::comm_state& s = begin("broadcast");
-    op_info info = contract::check_broadcast(caller(s), tensors, root);
-    info.seq = s.next_seq();
-    if (info.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, contract::check_broadcast(caller(s), tensors, root));
+    if (!w) return work::ready();
     std::size_t non_empty = 0;
     const tensor_view* only = nullptr;
     std::size_t bytes = 0;
@@ -163,12 +162,11 @@ class communicator {
   /// that slice of `out` (in-place allgather); other overlaps are rejected.
   work allgather(tensor_view in, tensor_view out) {
     detail::comm_state& s = begin("allgather");
-    op_info info = contract::check_allgather(caller(s), in, out);
+    const op_info info = contract::check_allgather(caller(s), in, out);
     const bool in_place = contract::is_in_place_allgather(rank_, in, out);
     check_count(info, in.count);
-    info.seq = s.next_seq();
-    if (in.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, info);
+    if (!w) return work::ready();
     const MPI_Datatype type = s.types().datatype(in.type);
     const int n = static_cast<int>(in.count);
     int rc = MPI_SUCCESS;
@@ -176,25 +174,24 @@ class communicator {
       detail::call_guard guard(s);
       rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, type, out.data, n, type, s.comm(), w->new_request());
     }
-    s.check_issue(rc, info, "MPI_Iallgather");
+    s.check_issue(rc, w->info(), "MPI_Iallgather");
     return work(std::move(w));
   }
 
   /// `in.count == out.count * size()`; rank r gets block r of the reduction. No overlap allowed.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     detail::comm_state& s = begin("reduce_scatter");
-    op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
+    const op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
     check_count(info, out.count);
-    info.seq = s.next_seq();
-    if (out.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, info);
+    if (!w) return work::ready();
     int rc = MPI_SUCCESS;
     {
       detail::call_guard guard(s);
       rc = MPI_Ireduce_scatter_block(in.data, out.data, static_cast<int>(out.count), s.types().datatype(out.type),
                                      s.types().op(out.type, op), s.comm(), w->new_request());
     }
-    s.check_issue(rc, info, "MPI_Ireduce_scatter_block");
+    s.check_issue(rc, w->info(), "MPI_Ireduce_scatter_block");
     if (op == reduce_op::avg) w->divide_on_completion(out);
     return work(std::move(w));
   }
@@ -224,19 +221,6 @@ class communicator {
     if (state_) state_->abort();
   }
 
-  /// In-place allreduce of one tensor of any tensor type.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
-    const tensor_view v = ddp::view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// In-place broadcast of one tensor of any tensor type from `root`.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root) {
-    const tensor_view v = ddp::view(t);
-    return broadcast(std::span<const tensor_view>(&v, 1), root);
-  }
-
  private:
   static constexpr std::size_t max_count = INT_MAX;  // MPI counts are ints
 
@@ -261,6 +245,14 @@ class communicator {
   contract::caller caller(const detail::comm_state& s) const {
     return {rank_, size_, s.peek_seq(), s.options().timeout,
             contract::memory_rule::host("the MPI backend", "ddp does not assume a CUDA-aware MPI")};
+  }
+
+  // Numbers the checked call `info` and makes its work; null if it moves no element (then nothing
+  // is issued, but the sequence number is taken on every rank alike).
+  std::unique_ptr<detail::mpi_work> issue(detail::comm_state& s, op_info info) {
+    info.seq = s.next_seq();
+    if (info.count == 0) return nullptr;
+    return std::make_unique<detail::mpi_work>(state_, info);
   }
 
   void check_count(const op_info& info, std::size_t per_rank) const {
