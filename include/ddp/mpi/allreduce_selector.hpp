@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <ostream>
 #include <string_view>
@@ -25,13 +26,9 @@ enum class algorithm : std::uint8_t {
 
 /// The algorithm's name, e.g. "recursive doubling".
 [[nodiscard]] constexpr std::string_view name_of(algorithm a) noexcept {
-  switch (a) {
-    case algorithm::recursive_doubling: return "recursive doubling";
-    case algorithm::halving_doubling: return "halving-doubling";
-    case algorithm::ring: return "ring";
-    case algorithm::mpi_iallreduce: return "MPI_Iallreduce";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"recursive doubling", "halving-doubling", "ring", "MPI_Iallreduce"};
+  const auto i = static_cast<std::size_t>(a);
+  return i < std::size(names) ? names[i] : "?";
 }
 
 /// Prints `name_of(a)`.

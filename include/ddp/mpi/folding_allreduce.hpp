@@ -24,7 +24,18 @@ namespace ddp::mpi::detail {
 
 class folding_allreduce : public p2p_allreduce {
  public:
+  /// As `p2p_allreduce`; posts nothing and takes no memory yet. Public for the algorithms'
+  /// inherited constructors (this class is abstract).
+  folding_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op, std::uint64_t stream)
+      : p2p_allreduce(comm, info, region, op, stream), pow2_(largest_power_of_two(comm.size())) {
+    stage_ = folds_out() ? stage::fold_out : folds_in() ? stage::fold_in : stage::exchange;
+  }
+
   bool progress() final {
+    if (!started_) {  // the first call: take the scratch memory this rank's role needs
+      started_ = true;
+      if (const std::size_t bytes = scratch_bytes(); bytes > 0) take_scratch(bytes);
+    }
     while (stage_ != stage::done) {
       if (!posted_) post();
       if (!test(recv_) || !test(send_)) return false;
@@ -39,17 +50,14 @@ class folding_allreduce : public p2p_allreduce {
   [[nodiscard]] bool done() const noexcept final { return stage_ == stage::done; }
 
  protected:
-  /// As `p2p_allreduce`; posts nothing yet.
-  folding_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op, std::uint64_t stream)
-      : p2p_allreduce(comm, info, region, op, stream), pow2_(largest_power_of_two(comm.size())) {
-    stage_ = folds_out() ? stage::fold_out : folds_in() ? stage::fold_in : stage::exchange;
-  }
-
   /// True on a rank past `P`: it sends its data to `r - P` and gets the result back.
   [[nodiscard]] bool folds_out() const noexcept { return me_ >= pow2_; }
   /// True on a rank below `p - P`: it reduces rank `r + P`'s data in, and sends it the result.
   [[nodiscard]] bool folds_in() const noexcept { return me_ + pow2_ < ranks_; }
 
+  /// Bytes of scratch memory this rank needs (`scratch()`, taken on the first `progress()`): at
+  /// least the region on a rank that `folds_in()`, whose peer's data arrives there.
+  [[nodiscard]] virtual std::size_t scratch_bytes() const noexcept = 0;
   /// Posts the messages of the exchange's current step into `send_` and `recv_`.
   virtual void post_exchange() = 0;
   /// Takes in the step whose messages completed; true once the exchange is over (the region then
@@ -103,6 +111,7 @@ class folding_allreduce : public p2p_allreduce {
     }
   }
 
+  bool started_ = false;
   bool posted_ = false;
   stage stage_ = stage::exchange;
 };

@@ -33,21 +33,20 @@ namespace ddp::mpi::detail {
 class halving_doubling_allreduce final : public folding_allreduce {
  public:
   /// Prepares the allreduce of `region` (host memory, in place, at most INT_MAX bytes) over 2+
-  /// ranks. Posts nothing yet. `info` must outlive this; `stream` as for the ring.
-  halving_doubling_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op,
-                             std::uint64_t stream)
-      : folding_allreduce(comm, info, region, op, stream), distance_(pow2_ / 2), mine_{0, count_} {
-    // Scratch by role: folding in receives the whole region, an exchange at most the larger half
-    // of it (the first split's), a folded-out rank receives in place.
-    const std::size_t scratch_elems = folds_out() ? 0 : folds_in() ? count_ : count_ - count_ / 2;
-    if (scratch_elems > 0) take_scratch(scratch_elems * elem_);
-  }
+  /// ranks, as `folding_allreduce`.
+  using folding_allreduce::folding_allreduce;
 
  private:
   struct range {
     std::size_t begin = 0;  // elements
     std::size_t end = 0;
   };
+
+  // Scratch by role: folding in receives the whole region, an exchange at most the larger half of
+  // it (the first split's), a folded-out rank receives in place.
+  [[nodiscard]] std::size_t scratch_bytes() const noexcept override {
+    return (folds_out() ? 0 : folds_in() ? count_ : count_ - count_ / 2) * elem_;
+  }
 
   [[nodiscard]] std::byte* at(std::size_t element) const noexcept { return data_ + element * elem_; }
   [[nodiscard]] std::size_t bytes(range r) const noexcept { return (r.end - r.begin) * elem_; }
@@ -94,9 +93,9 @@ class halving_doubling_allreduce final : public folding_allreduce {
 
   void reduce_folded() override { reduce(scratch(), data_, count_); }
 
-  int distance_;          // of the current exchange; a power of two below pow2_
-  range mine_;            // the elements this rank reduces (reduce-scatter) or holds (allgather)
-  range split_[31] = {};  // the range each reduce-scatter step split, for the allgather to retrace
+  int distance_ = pow2_ / 2;  // of the current exchange; a power of two below pow2_
+  range mine_{0, count_};     // the elements this rank reduces (reduce-scatter) or holds (allgather)
+  range split_[31] = {};      // the range each reduce-scatter step split, for the allgather to retrace
   int steps_ = 0;
   bool gathering_ = false;  // false: the reduce-scatter, true: the allgather
 };

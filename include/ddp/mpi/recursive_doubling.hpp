@@ -29,14 +29,13 @@ namespace ddp::mpi::detail {
 class recursive_doubling_allreduce final : public folding_allreduce {
  public:
   /// Prepares the allreduce of `region` (host memory, in place, at most INT_MAX bytes) over 2+
-  /// ranks. Posts nothing yet. `info` must outlive this; `stream` as for the ring.
-  recursive_doubling_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op,
-                               std::uint64_t stream)
-      : folding_allreduce(comm, info, region, op, stream) {
-    take_scratch(2 * region_bytes());  // the partner's data, and a copy of this rank's
-  }
+  /// ranks, as `folding_allreduce`.
+  using folding_allreduce::folding_allreduce;
 
  private:
+  // The partner's data, and a copy of this rank's.
+  [[nodiscard]] std::size_t scratch_bytes() const noexcept override { return 2 * region_bytes(); }
+
   void post_exchange() override {
     const int partner = me_ ^ distance_;
     irecv(scratch(), region_bytes(), partner, recv_);
