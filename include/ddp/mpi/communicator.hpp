@@ -98,8 +98,6 @@ class communicator : public single_tensor_calls<communicator> {
   /// The options it was built with. (`mpi::options` names the type inside this class, where
   /// `options` is this function.)
   [[nodiscard]] const mpi::options& options() const { return live("options").options(); }
-  /// Former name of `options()`.
-  [[deprecated("use options()")]] [[nodiscard]] const mpi::options& opts() const { return options(); }
   /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
   [[nodiscard]] thread_level threads() const { return live("threads").level(); }
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync

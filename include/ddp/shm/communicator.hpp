@@ -262,8 +262,6 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   /// The options every rank agreed on. (`shm::options` names the type inside this class, where
   /// `options` is this function.)
   [[nodiscard]] const shm::options& options() const noexcept { return s_->opts; }
-  /// Former name of `options()`.
-  [[deprecated("use options()")]] [[nodiscard]] const shm::options& opts() const noexcept { return options(); }
   /// The wrapped communicator (it carries every collective this one does not accelerate).
   [[nodiscard]] Inner& inner() noexcept { return inner_; }
   /// The wrapped communicator.

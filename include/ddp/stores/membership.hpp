@@ -5,7 +5,7 @@
 /// the next generation's communicator; any backend can use it.
 ///
 /// Words: a process *enrolls* in a group (membership); "join" in ddp means only uneven inputs
-/// (`JoinContext`, join.hpp). `join_group`, the former name, is kept as a deprecated forwarder.
+/// (`JoinContext`, join.hpp). (`join_group`, the former name, is gone: docs/migration.md.)
 ///
 /// Protocol, in the (generation's) namespace it is given:
 /// 1. Each process takes an arrival number from the counter `members/arrivals` and publishes
@@ -308,13 +308,6 @@ template <store S>
     }
     pause.sleep_until_next(deadline);
   }
-}
-
-/// Former name of `enroll`, kept so that existing code compiles.
-template <store S>
-[[deprecated("use ddp::stores::enroll: 'join' now names only uneven inputs (JoinContext)")]] [[nodiscard]] membership
-join_group(S& s, std::string_view id, const group_options& opts = {}) {
-  return enroll(s, id, opts);
 }
 
 }  // namespace ddp::stores
