@@ -99,33 +99,34 @@ class single_tensor_calls {
   /// In-place allreduce of one tensor of any tensor type.
   template <single_tensor T>
   work allreduce(T& t, reduce_op op) {
-    const tensor_view v = view(t);
-    return static_cast<Derived&>(*this).allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// As above, through a const communicator whose span form is const (`communicator_ref`).
-  template <single_tensor T>
-  requires requires(const Derived& c, std::span<const tensor_view> ts, reduce_op op) { c.allreduce(ts, op); }
-  work allreduce(T& t, reduce_op op) const {
-    const tensor_view v = view(t);
-    return static_cast<const Derived&>(*this).allreduce(std::span<const tensor_view>(&v, 1), op);
+    return self().allreduce(one{view(t)}.span(), op);
   }
   /// In-place broadcast of one tensor of any tensor type from `root`.
   template <single_tensor T>
   work broadcast(T& t, int root) {
-    const tensor_view v = view(t);
-    return static_cast<Derived&>(*this).broadcast(std::span<const tensor_view>(&v, 1), root);
+    return self().broadcast(one{view(t)}.span(), root);
   }
-  /// As above, through a const communicator whose span form is const (`communicator_ref`).
-  template <single_tensor T>
-  requires requires(const Derived& c, std::span<const tensor_view> ts, int root) { c.broadcast(ts, root); }
-  work broadcast(T& t, int root) const {
-    const tensor_view v = view(t);
-    return static_cast<const Derived&>(*this).broadcast(std::span<const tensor_view>(&v, 1), root);
-  }
+  /// `allreduce(t, op)` through a const communicator whose span form is const (`communicator_ref`).
+  template <single_tensor T, class D = Derived>  // D: checked at the call, once Derived is complete
+  requires requires(const D& c, std::span<const tensor_view> ts, reduce_op op) { c.allreduce(ts, op); }
+  work allreduce(T& t, reduce_op op) const { return self().allreduce(one{view(t)}.span(), op); }
+  /// `broadcast(t, root)` through a const communicator whose span form is const.
+  template <single_tensor T, class D = Derived>  // D: checked at the call, once Derived is complete
+  requires requires(const D& c, std::span<const tensor_view> ts, int root) { c.broadcast(ts, root); }
+  work broadcast(T& t, int root) const { return self().broadcast(one{view(t)}.span(), root); }
 
  protected:
   /// Only as a base of `Derived`.
   single_tensor_calls() = default;
+
+ private:
+  // One tensor as a one-element span; the temporary lives until the call it is passed to returns.
+  struct one {
+    tensor_view v;
+    [[nodiscard]] std::span<const tensor_view> span() const noexcept { return {&v, 1}; }
+  };
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
 };
 
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
