@@ -108,15 +108,9 @@ int run(const bench::cli& args) {
     const double raw_s = bench::median(t[0]);
     const double nb_s = bench::median(t[1]);
     const double ddp_s = bench::median(t[2]);
-    const bool ring = bytes >= comm.ring_threshold();
-    const bool doubling = !ring && bytes < std::min(opts.recursive_doubling_max_bytes, comm.ring_threshold());
-    const bool halving = !ring && !doubling && bytes < opts.halving_doubling_max_bytes;
+    const ddp::mpi::algorithm path = opts.selector()(bytes, ranks);  // what ddp runs it with
     const auto gbs = [&](double sec) { return static_cast<double>(bytes) / sec * bus_factor / 1e9; };
-    table.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes),
-               std::string(ring       ? "ring"
-                           : doubling ? "recursive doubling"
-                           : halving  ? "halving-doubling"
-                                      : "iallreduce"),
+    table.add({static_cast<std::int64_t>(bytes), bench::cli::format_bytes(bytes), std::string(ddp::mpi::name_of(path)),
                std::int64_t{iters}, raw_s * 1e6, nb_s * 1e6, ddp_s * 1e6, ddp_s / raw_s, (ddp_s - raw_s) * 1e6,
                gbs(raw_s), gbs(ddp_s)});
     if (bytes > s.max_bytes / s.factor) break;  // no overflow past the largest size

@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include <ddp/device_runtime.hpp>
@@ -84,10 +85,57 @@ concept device_communicator = communicator<C> && requires(const C& cc) {
   { cc.device_queue() } -> std::same_as<ddp::device_queue>;
 };
 
+/// A tensor of any tensor type, or a `tensor_view`: what the single-tensor collectives take.
+template <class T>
+concept single_tensor = tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view>;
+
+/// The single-tensor forms `allreduce(t, op)` and `broadcast(t, root)` of a communicator, written
+/// once: a communicator derives from `single_tensor_calls<itself>` and brings them in beside its
+/// span forms (`using single_tensor_calls<X>::allreduce; using single_tensor_calls<X>::broadcast;`).
+/// Each forwards a one-element span of `view(t)`.
+template <class Derived>
+class single_tensor_calls {
+ public:
+  /// In-place allreduce of one tensor of any tensor type.
+  template <single_tensor T>
+  work allreduce(T& t, reduce_op op) {
+    return self().allreduce(one{view(t)}.span(), op);
+  }
+  /// In-place broadcast of one tensor of any tensor type from `root`.
+  template <single_tensor T>
+  work broadcast(T& t, int root) {
+    return self().broadcast(one{view(t)}.span(), root);
+  }
+  /// `allreduce(t, op)` through a const communicator whose span form is const (`communicator_ref`).
+  template <single_tensor T, class D = Derived>  // D: checked at the call, once Derived is complete
+  requires requires(const D& c, std::span<const tensor_view> ts, reduce_op op) { c.allreduce(ts, op); }
+  work allreduce(T& t, reduce_op op) const { return self().allreduce(one{view(t)}.span(), op); }
+  /// `broadcast(t, root)` through a const communicator whose span form is const.
+  template <single_tensor T, class D = Derived>  // D: checked at the call, once Derived is complete
+  requires requires(const D& c, std::span<const tensor_view> ts, int root) { c.broadcast(ts, root); }
+  work broadcast(T& t, int root) const { return self().broadcast(one{view(t)}.span(), root); }
+
+ protected:
+  /// Only as a base of `Derived`.
+  single_tensor_calls() = default;
+
+ private:
+  // One tensor as a one-element span; the temporary lives until the call it is passed to returns.
+  struct one {
+    tensor_view v;
+    [[nodiscard]] std::span<const tensor_view> span() const noexcept { return {&v, 1}; }
+  };
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+};
+
 /// Non-owning reference to any communicator. Cheap to copy; the referenced communicator must
 /// outlive every component holding the reference.
-class communicator_ref {
+class communicator_ref : public single_tensor_calls<communicator_ref> {
  public:
+  using single_tensor_calls<communicator_ref>::allreduce;
+  using single_tensor_calls<communicator_ref>::broadcast;
+
   /// Refers to `comm` (implicit, so any communicator can be passed where a `communicator_ref`
   /// is expected). Rvalues are rejected: the reference would dangle.
   template <communicator C>
@@ -139,21 +187,6 @@ class communicator_ref {
   /// The referenced backend's runtime, stream and device; an empty queue (null runtime) if it has none.
   [[nodiscard]] ddp::device_queue device_queue() const {
     return vt_->device_queue != nullptr ? vt_->device_queue(obj_) : ddp::device_queue{};
-  }
-
-  /// Single-tensor conveniences over any tensor type.
-  template <class T>
-  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op)
-  const {
-    const tensor_view v = view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// Single-tensor broadcast of `t` from `root`, over any tensor type.
-  template <class T>
-  requires tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root)
-  const {
-    const tensor_view v = view(t);
-    return broadcast(std::span<const tensor_view>(&v, 1), root);
   }
 
   /// Identity of the referenced object (two refs to the same communicator compare equal).

@@ -12,7 +12,6 @@
 
 #include <ddp/gloo/communicator.hpp>
 #include <ddp/gloo/enroll.hpp>
-#include <ddp/gloo/join.hpp>  // deprecated names only
 #include <ddp/gloo/options.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/file_store.hpp>

@@ -154,10 +154,6 @@ class Manager {
       return allreduce_average(*this, data, std::max(participants_, 1), average_input::raw, "Manager comm hook");
     };
   }
-  /// The former name of `comm_hook()`.
-  [[nodiscard, deprecated("use comm_hook(): it returns a Bucketer comm hook")]] ddp::comm_hook gradient_hook() {
-    return comm_hook();
-  }
 
   /// Optional: a fingerprint of the gradient layout (e.g. `Bucketer::layout_fingerprint()`) that
   /// every member must share; a replica that differs is named when the quorum forms.

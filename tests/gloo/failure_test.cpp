@@ -429,24 +429,3 @@ TEST_CASE("gloo: a namespace is used by one communicator only", "[gloo][connect]
   INFO(gloo_test::describe_all(outs));
   CHECK(outs[0].ok());
 }
-
-TEST_CASE("gloo: the deprecated gloo::join and stores::join_group still enroll", "[gloo][connect]") {
-  // "join" now names only uneven inputs; the membership functions are gloo::enroll and
-  // stores::enroll. Their former names must keep existing code compiling and working.
-  temp_dir dir("gloo-deprecated-join");
-  process_group g(1, [&](int, const reporter&) {
-    st::file_store store(dir.path());
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    auto comm = ddp::gloo::join(store, "old-names", 0, "only", {.min_members = 1, .max_members = 1, .timeout = 5s},
-                                {.timeout = 5s, .connect_timeout = 2s});
-    auto ns = st::generation_store(store, "old-names", 1);
-    const st::membership m = st::join_group(ns, "only", {.min_members = 1, .max_members = 1, .timeout = 5s});
-#pragma GCC diagnostic pop
-    CHILD_CHECK(comm.rank() == 0 && comm.size() == 1, "rank " << comm.rank() << " of " << comm.size());
-    CHILD_CHECK(m.rank == 0 && m.members == std::vector<std::string>{"only"}, "membership rank " << m.rank);
-  });
-  const auto outs = g.wait_all(20s);
-  INFO(gloo_test::describe_all(outs));
-  CHECK(outs[0].ok());
-}

@@ -2,6 +2,8 @@
 // that needs peers checks comm.size() itself.
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <cstddef>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -356,6 +358,55 @@ TEST_CASE("mpi: a moved-from communicator refuses calls; options print and compa
   CHECK(os.str() ==
         "{timeout: 2000 ms, max_thread_level: provided, ring_min_bytes: never, recursive_doubling_max_bytes: 4096, "
         "halving_doubling_max_bytes: unbounded, ring_segment_bytes: 4194304}");
+}
+
+TEST_CASE("mpi: one selector maps a region's size and the rank count to its algorithm", "[mpi]") {
+  using ddp::mpi::algorithm;
+  constexpr ddp::mpi::allreduce_selector pick{};  // today's thresholds: 4 KiB, 4 KiB per peer, unbounded
+  static_assert(pick(1, 2) == algorithm::recursive_doubling);
+  CHECK(ddp::mpi::options{}.selector() == pick);
+  CHECK(pick(100, 1) == algorithm::mpi_iallreduce);  // one rank: nothing to exchange
+  CHECK(pick(std::size_t{1} << 30, 1) == algorithm::mpi_iallreduce);
+  // 2 ranks: the ring starts where recursive doubling stops.
+  CHECK(pick(4095, 2) == algorithm::recursive_doubling);
+  CHECK(pick(4096, 2) == algorithm::ring);
+  // 3 and 4 ranks: halving-doubling between them, the ring from 4 KiB per peer.
+  CHECK(pick(4095, 3) == algorithm::recursive_doubling);
+  CHECK(pick(4096, 3) == algorithm::halving_doubling);
+  CHECK(pick(8191, 3) == algorithm::halving_doubling);
+  CHECK(pick(8192, 3) == algorithm::ring);
+  CHECK(pick(12287, 4) == algorithm::halving_doubling);
+  CHECK(pick(12288, 4) == algorithm::ring);
+  CHECK(pick.ring_threshold(4) == 12288);
+  CHECK(pick.ring_threshold(1) == ddp::mpi::allreduce_selector::never);
+
+  // The options' thresholds, as the tests set them.
+  const auto mpi_only = ddp::mpi::options{.ring_min_bytes = ddp::mpi::options::never,
+                                          .recursive_doubling_max_bytes = 0,
+                                          .halving_doubling_max_bytes = 0}
+                            .selector();
+  CHECK(mpi_only(1, 4) == algorithm::mpi_iallreduce);
+  CHECK(mpi_only(std::size_t{1} << 30, 4) == algorithm::mpi_iallreduce);
+  const auto no_small =
+      ddp::mpi::options{.recursive_doubling_max_bytes = 0, .halving_doubling_max_bytes = 0}.selector();
+  CHECK(no_small(100, 4) == algorithm::mpi_iallreduce);
+  CHECK(no_small(12288, 4) == algorithm::ring);
+  CHECK(ddp::mpi::options{.ring_min_bytes = 0}.selector()(1, 2) == algorithm::ring);
+  // Recursive doubling and halving-doubling send a region in one message: below INT_MAX bytes.
+  const ddp::mpi::allreduce_selector no_ring{.ring_min_bytes = ddp::mpi::allreduce_selector::never,
+                                             .recursive_doubling_max_bytes = std::size_t{1} << 30};
+  CHECK(no_ring((std::size_t{1} << 30) - 1, 2) == algorithm::recursive_doubling);
+  CHECK(no_ring(std::size_t{1} << 30, 2) == algorithm::halving_doubling);
+  CHECK(no_ring(std::size_t{INT_MAX}, 2) == algorithm::mpi_iallreduce);
+  // A threshold that overflows never triggers.
+  CHECK(ddp::mpi::allreduce_selector{.ring_min_bytes = ddp::mpi::allreduce_selector::never / 2}.ring_threshold(4) ==
+        ddp::mpi::allreduce_selector::never);
+
+  auto comm = ddp::mpi::communicator::world();
+  CHECK(comm.ring_threshold() == pick.ring_threshold(comm.size()));
+  std::ostringstream os;
+  os << algorithm::halving_doubling << ", " << algorithm::mpi_iallreduce;
+  CHECK(os.str() == "halving-doubling, MPI_Iallreduce");
 }
 
 TEST_CASE("mpi: communicators are independent; destroying one with work in flight is safe", "[mpi]") {

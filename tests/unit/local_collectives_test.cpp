@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <ddp/checked.hpp>
@@ -20,6 +21,21 @@ TEST_CASE("local: the backend-generic collective suite", "[local]") {
 
 TEST_CASE("local: allreduce larger than 64 MiB", "[local][large]") {
   REQUIRE_NOTHROW(ddp::local::run(2, [](ddp::local::communicator& c) { suite::large_allreduce(c); }));
+}
+
+TEST_CASE("local: single-tensor allreduce and broadcast through a const communicator_ref", "[local]") {
+  std::array<std::atomic<double>, 2> got{};
+  ddp::local::run(2, [&](ddp::local::communicator& c) {
+    const ddp::communicator_ref ref = c;  // the const forms of ddp::single_tensor_calls
+    std::vector<double> v(3, c.rank() + 1.0);
+    ref.allreduce(v, ddp::reduce_op::sum).wait();  // 1 + 2
+    ddp::tensor_view t = ddp::view(v);
+    if (c.rank() == 1) v[0] = 10.0;
+    ref.broadcast(t, 1).wait();
+    got[static_cast<std::size_t>(c.rank())] = v[0] + v[1];
+  });
+  CHECK(got[0] == 13.0);
+  CHECK(got[1] == 13.0);
 }
 
 TEST_CASE("local: mismatched collectives fail on every rank, naming each call", "[local]") {

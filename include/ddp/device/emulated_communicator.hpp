@@ -127,8 +127,11 @@ class device_work final : public work_state {
 /// are issued from whichever thread pumps the runtime, one at a time, in stream order); `rt` must
 /// outlive this communicator and every work it returned. Use it from one thread, like the host
 /// communicator.
-class communicator {
+class communicator : public single_tensor_calls<communicator> {
  public:
+  using single_tensor_calls<communicator>::allreduce;
+  using single_tensor_calls<communicator>::broadcast;
+
   /// Rank `inner.rank()` of a device communicator over `inner`, on device `device_ordinal` of
   /// `rt`, with a new stream of `rt`.
   /// @throws usage_error if `inner` is itself a device communicator, or the ordinal is negative
@@ -257,19 +260,6 @@ class communicator {
   /// issued yet when the stream reaches them); later calls throw usage_error.
   void abort() noexcept {
     if (s_) s_->abort();
-  }
-
-  /// Single-tensor conveniences over any tensor type.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
-    const tensor_view v = ddp::view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// @copydoc allreduce(T&, reduce_op)
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root) {
-    const tensor_view v = ddp::view(t);
-    return broadcast(std::span<const tensor_view>(&v, 1), root);
   }
 
  private:

@@ -14,7 +14,7 @@
 /// connect there: the dead generation's keys are never read.
 ///
 /// Words: a process *enrolls* in a generation's group; "join" in ddp means only uneven inputs
-/// (`JoinContext`). The former name, `gloo::join`, is in gloo/join.hpp, deprecated.
+/// (`JoinContext`). (`gloo::join`, the former name, is gone: docs/migration.md.)
 
 #include <cstdint>
 #include <string_view>

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include <ddp/error.hpp>
+#include <ddp/mpi/allreduce_selector.hpp>
 #include <ddp/mpi/error.hpp>
 #include <ddp/mpi/failure_record.hpp>
 #include <ddp/mpi/options.hpp>
@@ -42,7 +42,7 @@ class comm_state {
   /// Duplicates `parent` and sets up everything the collectives need. Collective over `parent`.
   /// Communication failures are also recorded in `failures` (an environment's), if not null.
   comm_state(MPI_Comm parent, const mpi::options& opts, std::shared_ptr<failure_record> failures = nullptr)
-      : options_(opts), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
+      : options_(opts), selector_(opts.selector()), owner_(std::this_thread::get_id()), failures_(std::move(failures)) {
     constexpr const char* where = "mpi::communicator";
     if (!mpi_running()) {
       throw usage_error(-1, where,
@@ -99,25 +99,11 @@ class comm_state {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const mpi::options& options() const noexcept { return options_; }
   [[nodiscard]] const type_table& types() const noexcept { return types_; }
-  /// Allreduce groups of at least this many bytes run the ring (see options::ring_min_bytes).
-  [[nodiscard]] std::size_t ring_threshold() const noexcept {
-    if (size_ < 2 || options_.ring_min_bytes == mpi::options::never) return mpi::options::never;
-    const auto peers = static_cast<std::size_t>(size_ - 1);
-    if (options_.ring_min_bytes > mpi::options::never / peers) return mpi::options::never;
-    return options_.ring_min_bytes * peers;
-  }
-  /// Allreduce groups below this many bytes run ddp's recursive doubling (see
-  /// options::recursive_doubling_max_bytes); never above the ring's threshold.
-  [[nodiscard]] std::size_t recursive_doubling_limit() const noexcept {
-    if (size_ < 2) return 0;
-    return std::min({options_.recursive_doubling_max_bytes, ring_threshold(), std::size_t{INT_MAX}});
-  }
-  /// Allreduce groups from recursive_doubling_limit() up to below this many bytes run ddp's
-  /// halving-doubling (see options::halving_doubling_max_bytes); never above the ring's threshold.
-  [[nodiscard]] std::size_t halving_doubling_limit() const noexcept {
-    if (size_ < 2) return 0;
-    return std::min({options_.halving_doubling_max_bytes, ring_threshold(), std::size_t{INT_MAX}});
-  }
+  /// The algorithm of an allreduce region of `bytes` bytes on this communicator (see
+  /// `allreduce_selector`, made once from the options).
+  [[nodiscard]] algorithm select(std::size_t bytes) const noexcept { return selector_(bytes, size_); }
+  /// Allreduce regions of at least this many bytes run the ring (see options::ring_min_bytes).
+  [[nodiscard]] std::size_t ring_threshold() const noexcept { return selector_.ring_threshold(size_); }
   /// Thread level in effect: what MPI provides, capped by `options::max_thread_level`.
   [[nodiscard]] thread_level level() const noexcept { return level_; }
   /// True if this communicator locks around its MPI calls.
@@ -246,6 +232,7 @@ class comm_state {
 
  private:
   mpi::options options_;
+  allreduce_selector selector_;
   std::thread::id owner_;
   thread_level level_ = thread_level::single;
   MPI_Comm comm_ = MPI_COMM_NULL;

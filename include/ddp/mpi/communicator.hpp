@@ -10,10 +10,10 @@
 /// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
 /// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
 ///   2+ tensors is copied into one staging buffer and reduced by one collective. The algorithm
-///   goes by the group's size: below `options::recursive_doubling_max_bytes` ddp's recursive
-///   doubling, from `ring_threshold()` up ddp's ring, between them ddp's halving-doubling below
-///   `options::halving_doubling_max_bytes` and MPI_Iallreduce above (see recursive_doubling.hpp,
-///   halving_doubling.hpp, ring_allreduce.hpp and docs/allreduce-model.md for why).
+///   goes by the group's size and the rank count, picked once per group by
+///   `options::selector()` (allreduce_selector.hpp: recursive doubling for small groups,
+///   halving-doubling for mid sizes, the ring for large ones, MPI_Iallreduce where the thresholds
+///   leave a gap; docs/allreduce-model.md for why).
 /// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
 ///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
 /// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
@@ -41,6 +41,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
+#include <ddp/mpi/allreduce_selector.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/environment.hpp>
 #include <ddp/mpi/error.hpp>
@@ -54,8 +55,11 @@
 namespace ddp::mpi {
 
 /// One rank's handle on a group of MPI processes. Move-only.
-class communicator {
+class communicator : public single_tensor_calls<communicator> {
  public:
+  using single_tensor_calls<communicator>::allreduce;
+  using single_tensor_calls<communicator>::broadcast;
+
   /// Duplicates `comm` (collective over it). Throws `usage_error` if MPI is not running.
   explicit communicator(MPI_Comm comm, mpi::options opts = {})
       : state_(std::make_shared<detail::comm_state>(comm, opts)), rank_(state_->rank()), size_(state_->size()) {}
@@ -94,15 +98,13 @@ class communicator {
   /// The options it was built with. (`mpi::options` names the type inside this class, where
   /// `options` is this function.)
   [[nodiscard]] const mpi::options& options() const { return live("options").options(); }
-  /// Former name of `options()`.
-  [[deprecated("use options()")]] [[nodiscard]] const mpi::options& opts() const { return options(); }
   /// Thread level in effect (what MPI provides, capped by `options::max_thread_level`).
   [[nodiscard]] thread_level threads() const { return live("threads").level(); }
   /// The duplicated MPI communicator, for inspection. Issuing collectives on it would desync
   /// ddp's sequence; use the parent communicator for the program's own traffic.
   [[nodiscard]] MPI_Comm native_handle() const { return live("native_handle").comm(); }
-  /// Allreduces (per dtype group) of at least this many bytes run ddp's ring, smaller ones
-  /// MPI_Iallreduce: `options::ring_min_bytes * (size() - 1)`; `options::never` on one rank.
+  /// Allreduces (per dtype group) of at least this many bytes run ddp's ring:
+  /// `options::ring_min_bytes * (size() - 1)`; `options::never` on one rank.
   [[nodiscard]] std::size_t ring_threshold() const { return live("ring_threshold").ring_threshold(); }
   /// Number of collectives issued so far (the next one's sequence number).
   [[nodiscard]] std::uint64_t issued() const { return live("issued").peek_seq(); }
@@ -110,10 +112,8 @@ class communicator {
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) {
     detail::comm_state& s = begin("allreduce");
-    op_info info = contract::check_allreduce(caller(s), tensors, op);
-    info.seq = s.next_seq();
-    if (info.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, contract::check_allreduce(caller(s), tensors, op));
+    if (!w) return work::ready();
     if (tensors.size() == 1) {
       allreduce_region(s, *w, tensors[0], op);
     } else {
@@ -125,10 +125,8 @@ class communicator {
   /// In-place broadcast of `tensors` from `root` (one coalesced call).
   work broadcast(std::span<const tensor_view> tensors, int root) {
     detail::comm_state& s = begin("broadcast");
-    op_info info = contract::check_broadcast(caller(s), tensors, root);
-    info.seq = s.next_seq();
-    if (info.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, contract::check_broadcast(caller(s), tensors, root));
+    if (!w) return work::ready();
     std::size_t non_empty = 0;
     const tensor_view* only = nullptr;
     std::size_t bytes = 0;
@@ -162,12 +160,11 @@ class communicator {
   /// that slice of `out` (in-place allgather); other overlaps are rejected.
   work allgather(tensor_view in, tensor_view out) {
     detail::comm_state& s = begin("allgather");
-    op_info info = contract::check_allgather(caller(s), in, out);
+    const op_info info = contract::check_allgather(caller(s), in, out);
     const bool in_place = contract::is_in_place_allgather(rank_, in, out);
     check_count(info, in.count);
-    info.seq = s.next_seq();
-    if (in.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, info);
+    if (!w) return work::ready();
     const MPI_Datatype type = s.types().datatype(in.type);
     const int n = static_cast<int>(in.count);
     int rc = MPI_SUCCESS;
@@ -175,25 +172,24 @@ class communicator {
       detail::call_guard guard(s);
       rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, type, out.data, n, type, s.comm(), w->new_request());
     }
-    s.check_issue(rc, info, "MPI_Iallgather");
+    s.check_issue(rc, w->info(), "MPI_Iallgather");
     return work(std::move(w));
   }
 
   /// `in.count == out.count * size()`; rank r gets block r of the reduction. No overlap allowed.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     detail::comm_state& s = begin("reduce_scatter");
-    op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
+    const op_info info = contract::check_reduce_scatter(caller(s), in, out, op);
     check_count(info, out.count);
-    info.seq = s.next_seq();
-    if (out.count == 0) return work::ready();
-    auto w = std::make_unique<detail::mpi_work>(state_, info);
+    auto w = issue(s, info);
+    if (!w) return work::ready();
     int rc = MPI_SUCCESS;
     {
       detail::call_guard guard(s);
       rc = MPI_Ireduce_scatter_block(in.data, out.data, static_cast<int>(out.count), s.types().datatype(out.type),
                                      s.types().op(out.type, op), s.comm(), w->new_request());
     }
-    s.check_issue(rc, info, "MPI_Ireduce_scatter_block");
+    s.check_issue(rc, w->info(), "MPI_Ireduce_scatter_block");
     if (op == reduce_op::avg) w->divide_on_completion(out);
     return work(std::move(w));
   }
@@ -223,19 +219,6 @@ class communicator {
     if (state_) state_->abort();
   }
 
-  /// In-place allreduce of one tensor of any tensor type.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
-    const tensor_view v = ddp::view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-  /// In-place broadcast of one tensor of any tensor type from `root`.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work broadcast(T& t, int root) {
-    const tensor_view v = ddp::view(t);
-    return broadcast(std::span<const tensor_view>(&v, 1), root);
-  }
-
  private:
   static constexpr std::size_t max_count = INT_MAX;  // MPI counts are ints
 
@@ -262,6 +245,14 @@ class communicator {
             contract::memory_rule::host("the MPI backend", "ddp does not assume a CUDA-aware MPI")};
   }
 
+  // Numbers the checked call `info` and makes its work; null if it moves no element (then nothing
+  // is issued, but the sequence number is taken on every rank alike).
+  std::unique_ptr<detail::mpi_work> issue(detail::comm_state& s, op_info info) {
+    info.seq = s.next_seq();
+    if (info.count == 0) return nullptr;
+    return std::make_unique<detail::mpi_work>(state_, info);
+  }
+
   void check_count(const op_info& info, std::size_t per_rank) const {
     if (per_rank > max_count) {
       throw usage_error(rank_, info.describe(),
@@ -270,21 +261,13 @@ class communicator {
     }
   }
 
-  // Allreduce of one contiguous region in place: ddp's ring, recursive doubling or
-  // halving-doubling, or MPI_Iallreduce (in chunks of at most INT_MAX elements). `avg` divides on
-  // completion (ddp's own algorithms divide by themselves).
+  // Allreduce of one contiguous region in place by the algorithm the selector picks for its size:
+  // ddp's ring, recursive doubling or halving-doubling, or MPI_Iallreduce (in chunks of at most
+  // INT_MAX elements). `avg` divides on completion (ddp's own algorithms divide by themselves).
   void allreduce_region(detail::comm_state& s, detail::mpi_work& w, tensor_view region, reduce_op op) {
     if (region.count == 0) return;
-    if (region.bytes() >= s.ring_threshold()) {
-      w.add_ring(region, op);
-      return;
-    }
-    if (region.bytes() < s.recursive_doubling_limit()) {
-      w.add_recursive_doubling(region, op);
-      return;
-    }
-    if (region.bytes() < s.halving_doubling_limit()) {
-      w.add_halving_doubling(region, op);
+    if (const algorithm a = s.select(region.bytes()); a != algorithm::mpi_iallreduce) {
+      w.add_p2p(a, region, op);
       return;
     }
     const MPI_Datatype type = s.types().datatype(region.type);

@@ -17,7 +17,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include <ddp/detail/host_reduce.hpp>
@@ -36,22 +35,14 @@ class ring_allreduce final : public p2p_allreduce {
   /// 2+ ranks. Posts nothing yet. `info` names the operation in errors and must outlive this.
   /// `stream` tells apart the rings of one operation (< comm_state::streams_per_op).
   ring_allreduce(comm_state& comm, const op_info& info, tensor_view region, reduce_op op, std::uint64_t stream)
-      : p2p_allreduce(comm, info, region.type, op, stream),
-        data_(region.byte_data()),
-        count_(region.count),
-        elem_(size_of(region.type)),
-        ranks_(comm.size()),
-        me_(comm.rank()) {
+      : p2p_allreduce(comm, info, region, op, stream) {
     // Every rank derives the same segmentation from (count, ranks, options): the options must
     // agree across ranks, like the calls themselves.
     const std::size_t seg_bytes = std::clamp<std::size_t>(comm.options().ring_segment_bytes, elem_, INT_MAX);
     const std::size_t largest_block = block_of(0).count;
     seg_elems_ = std::max<std::size_t>(1, std::min(seg_bytes / elem_, largest_block));
-    scratch_ = comm.take_scratch(2 * seg_elems_ * elem_, scratch_capacity_);
+    take_scratch(2 * seg_elems_ * elem_);  // two segments: the reduce-scatter receive window
   }
-
-  /// Returns the scratch memory to the communicator (never runs for a leaked ring).
-  ~ring_allreduce() override { comm_.return_scratch(std::move(scratch_), scratch_capacity_); }
 
   /// Tests this rank's messages, reduces what arrived and posts the next step's messages.
   /// Returns true once the allreduce completed here. Throws `mpi_error`.
@@ -107,7 +98,7 @@ class ring_allreduce final : public p2p_allreduce {
     return data_ + (b.offset + k * seg_elems_) * elem_;
   }
   [[nodiscard]] std::byte* scratch_slot(std::size_t k) const noexcept {
-    return scratch_.get() + (k % 2) * seg_elems_ * elem_;
+    return scratch() + (k % 2) * seg_elems_ * elem_;
   }
   [[nodiscard]] int ring_index(int i) const noexcept { return ((i % ranks_) + ranks_) % ranks_; }
 
@@ -152,14 +143,7 @@ class ring_allreduce final : public p2p_allreduce {
     }
   }
 
-  std::byte* data_;
-  std::size_t count_;
-  std::size_t elem_;
-  int ranks_;
-  int me_;
   std::size_t seg_elems_ = 1;
-  std::unique_ptr<std::byte[]> scratch_;  // two segments: the reduce-scatter receive window
-  std::size_t scratch_capacity_ = 0;
 
   phase phase_ = phase::reduce_scatter;
   int step_ = 0;

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -31,6 +32,7 @@
 
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/error.hpp>
+#include <ddp/mpi/allreduce_selector.hpp>
 #include <ddp/mpi/comm_state.hpp>
 #include <ddp/mpi/error.hpp>
 #include <ddp/mpi/halving_doubling.hpp>
@@ -64,24 +66,23 @@ class mpi_work final : public work_state {
     return &more_requests_.emplace_back(MPI_REQUEST_NULL);
   }
 
-  /// Adds a ring allreduce of `region` and posts its first step. At most
-  /// `comm_state::streams_per_op` per operation (one per dtype group).
-  void add_ring(tensor_view region, reduce_op op) {
-    rings_.push_back(std::make_unique<ring_allreduce>(*comm_, info(), region, op, rings_.size()));
-    start_last();
-  }
-
-  /// Adds a recursive-doubling allreduce of `region` (a small message) and posts its first
-  /// messages. Counts against the same `comm_state::streams_per_op` as rings.
-  void add_recursive_doubling(tensor_view region, reduce_op op) {
-    rings_.push_back(std::make_unique<recursive_doubling_allreduce>(*comm_, info(), region, op, rings_.size()));
-    start_last();
-  }
-
-  /// Adds a halving-doubling allreduce of `region` (a mid-size message) and posts its first
-  /// messages. Counts against the same `comm_state::streams_per_op` as rings.
-  void add_halving_doubling(tensor_view region, reduce_op op) {
-    rings_.push_back(std::make_unique<halving_doubling_allreduce>(*comm_, info(), region, op, rings_.size()));
+  /// Adds ddp's own allreduce `a` (ring, recursive doubling or halving-doubling) of `region` and
+  /// posts its first messages. At most `comm_state::streams_per_op` per operation (one per dtype
+  /// group).
+  void add_p2p(algorithm a, tensor_view region, reduce_op op) {
+    const std::uint64_t stream = rings_.size();
+    switch (a) {
+      case algorithm::ring:
+        rings_.push_back(std::make_unique<ring_allreduce>(*comm_, info(), region, op, stream));
+        break;
+      case algorithm::recursive_doubling:
+        rings_.push_back(std::make_unique<recursive_doubling_allreduce>(*comm_, info(), region, op, stream));
+        break;
+      case algorithm::halving_doubling:
+        rings_.push_back(std::make_unique<halving_doubling_allreduce>(*comm_, info(), region, op, stream));
+        break;
+      case algorithm::mpi_iallreduce: return;  // not point-to-point: the communicator issues it
+    }
     start_last();
   }
 

@@ -63,8 +63,10 @@ struct node_parts {
 /// See the file comment. `Inner`: the wrapped communicator (owned; pass `communicator_ref` to
 /// wrap without owning). `Cross`: the type of the leaders' communicator.
 template <ddp::communicator Inner, ddp::communicator Cross = Inner>
-class communicator {
+class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
  public:
+  using single_tensor_calls<communicator>::allreduce;
+  using single_tensor_calls<communicator>::broadcast;
   using inner_type = Inner;  ///< the wrapped communicator's type
   using cross_type = Cross;  ///< the node leaders' communicator's type
 
@@ -169,13 +171,6 @@ class communicator {
   }
 
  public:
-  /// Single-tensor convenience over any tensor type.
-  template <class T>
-  requires ddp::tensor<T> || std::same_as<std::remove_cvref_t<T>, tensor_view> work allreduce(T& t, reduce_op op) {
-    const tensor_view v = ddp::view(t);
-    return allreduce(std::span<const tensor_view>(&v, 1), op);
-  }
-
   /// Forwarded to the wrapped communicator.
   work broadcast(std::span<const tensor_view> tensors, int root) { return inner_.broadcast(tensors, root); }
   /// Forwarded to the wrapped communicator.
@@ -246,8 +241,6 @@ class communicator {
   /// The options every rank agreed on. (`shm::options` names the type inside this class, where
   /// `options` is this function.)
   [[nodiscard]] const shm::options& options() const noexcept { return s_->opts; }
-  /// Former name of `options()`.
-  [[deprecated("use options()")]] [[nodiscard]] const shm::options& opts() const noexcept { return options(); }
   /// The wrapped communicator (it carries every collective this one does not accelerate).
   [[nodiscard]] Inner& inner() noexcept { return inner_; }
   /// The wrapped communicator.

@@ -199,16 +199,7 @@ class node_engine {
         if (qb > qa && q != me_) group.copy_out(d.first + qa, qb - qa, base_ + d.offset + qa * esz);
       }
     }
-    mine().desc[parity] = d;
-    publish(&rank_control::staged, ctx.chunk + 1);
-
-    wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
-    const void** inputs = input_table();
-    for (int q = 0; q < size_; ++q) {
-      const chunk_descriptor& dq = control(q).desc[parity];
-      check_same(q, dq, d, ctx);
-      inputs[q] = base_ + dq.offset + a * esz;
-    }
+    const void** inputs = exchange_inputs(d, parity, a * esz, ctx);
     // The result goes to the slot (for the peers) and straight into this rank's output.
     const bool output_here = phase == node_phase::allreduce || me_ == 0;
     const auto op = static_cast<reduce_op>(d.op);
@@ -251,16 +242,8 @@ class node_engine {
     std::byte* own = group.contiguous(0, n);
     d.offset = layout_.slot(me_, parity);
     group.copy_out(0, n, base_ + d.offset);
-    mine().desc[parity] = d;
-    publish(&rank_control::staged, ctx.chunk + 1);
-
-    wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
-    const void** inputs = input_table();
-    for (int q = 0; q < size_; ++q) {
-      const chunk_descriptor& dq = control(q).desc[parity];
-      check_same(q, dq, d, ctx);
-      inputs[q] = q == me_ && own != nullptr ? own : base_ + dq.offset;
-    }
+    const void** inputs = exchange_inputs(d, parity, 0, ctx);
+    if (own != nullptr) inputs[me_] = own;  // read in place: the peers read the staged copy
     // Peers read this rank's staged copy, never its tensors: the result goes straight there.
     std::byte* out = own != nullptr ? own : scratch(n * esz);
     detail::reduce_many(group.type, static_cast<reduce_op>(d.op), out, nullptr, inputs, size_, n, divisor, ctx.scale);
@@ -272,6 +255,22 @@ class node_engine {
   const void** input_table() {
     inputs_.resize(static_cast<std::size_t>(size_));
     return inputs_.data();
+  }
+
+  // Publishes this rank's descriptor `d` of the chunk (its input staged), waits until every node
+  // rank did, checks theirs against it, and returns the table of their inputs: each rank's staged
+  // chunk from byte `from` on.
+  const void** exchange_inputs(const chunk_descriptor& d, std::size_t parity, std::size_t from, const wait_ctx& ctx) {
+    mine().desc[parity] = d;
+    publish(&rank_control::staged, ctx.chunk + 1);
+    wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
+    const void** inputs = input_table();
+    for (int q = 0; q < size_; ++q) {
+      const chunk_descriptor& dq = control(q).desc[parity];
+      check_same(q, dq, d, ctx);
+      inputs[q] = base_ + dq.offset + from;
+    }
+    return inputs;
   }
 
   std::byte* scratch(std::size_t bytes) {

@@ -5,7 +5,7 @@
 /// the next generation's communicator; any backend can use it.
 ///
 /// Words: a process *enrolls* in a group (membership); "join" in ddp means only uneven inputs
-/// (`JoinContext`, join.hpp). `join_group`, the former name, is kept as a deprecated forwarder.
+/// (`JoinContext`, join.hpp). (`join_group`, the former name, is gone: docs/migration.md.)
 ///
 /// Protocol, in the (generation's) namespace it is given:
 /// 1. Each process takes an arrival number from the counter `members/arrivals` and publishes
@@ -148,6 +148,35 @@ void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const gr
   }
   return m;
 }
+// Checks the call, takes this process's arrival number from `members/arrivals` and publishes `id`
+// under `members/<arrival>`. Returns the arrival number.
+template <store S>
+[[nodiscard]] std::int64_t arrive(S& s, std::string_view id, const group_options& opts) {
+  check_key(id, "enroll");
+  if (opts.min_members < 1 || opts.max_members < opts.min_members) {
+    throw usage_error(-1, "enroll",
+                      "need 1 <= min_members <= max_members, got " + std::to_string(opts.min_members) + " and " +
+                          std::to_string(opts.max_members));
+  }
+  const std::int64_t counted = s.add("members/arrivals", 1);
+  if (counted < 1) {  // we just added 1: only a counter someone else wrote garbage to gets here
+    throw communication_error(-1, "enroll",
+                              "malformed arrival counter 'members/arrivals' in the store (" + std::to_string(counted) +
+                                  " after counting this arrival)");
+  }
+  const std::int64_t me = counted - 1;
+  s.set("members/" + std::to_string(me), as_bytes(id));
+  return me;
+}
+
+// The id that arrival `i` published (`text`), checked: another process wrote it, and it must be an
+// id or the member list would not parse.
+[[nodiscard]] inline std::string arrived_id(std::string text, std::int64_t i) {
+  if (!is_valid_key(text)) {
+    throw communication_error(-1, "enroll", "malformed id under 'members/" + std::to_string(i) + "' in the store");
+  }
+  return text;
+}
 }  // namespace detail
 
 /// Enrolls this process in the group forming in `s` (give it a fresh generation's namespace; see
@@ -159,26 +188,13 @@ void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const gr
 ///         without this process
 template <store S>
 [[nodiscard]] membership enroll(S& s, std::string_view id, const group_options& opts = {}) {
-  detail::check_key(id, "enroll");
-  if (opts.min_members < 1 || opts.max_members < opts.min_members) {
-    throw usage_error(-1, "enroll",
-                      "need 1 <= min_members <= max_members, got " + std::to_string(opts.min_members) + " and " +
-                          std::to_string(opts.max_members));
-  }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + opts.timeout;
   const auto left = [&] {
     return std::max(std::chrono::milliseconds(0),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   };
-  const std::int64_t counted = s.add("members/arrivals", 1);
-  if (counted < 1) {  // we just added 1: only a counter someone else wrote garbage to gets here
-    throw communication_error(-1, "enroll",
-                              "malformed arrival counter 'members/arrivals' in the store (" + std::to_string(counted) +
-                                  " after counting this arrival)");
-  }
-  const std::int64_t me = counted - 1;
-  s.set("members/" + std::to_string(me), as_bytes(id));
+  const std::int64_t me = detail::arrive(s, id, opts);
 
   if (me == 0) {  // the first arrival closes the group
     progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
@@ -210,12 +226,7 @@ template <store S>
     std::vector<detail::arrival> list;
     for (std::int64_t i = 0; i < n; ++i) {
       // Arrival i counted itself before publishing its id: give it the time that is left.
-      std::string arrived_id = to_text(wait_get(s, "members/" + std::to_string(i), left()));
-      // Written by another process: it must be an id, or the list would not parse.
-      if (!detail::is_valid_key(arrived_id)) {
-        throw communication_error(-1, "enroll", "malformed id under 'members/" + std::to_string(i) + "' in the store");
-      }
-      list.push_back({i, std::move(arrived_id)});
+      list.push_back({i, detail::arrived_id(to_text(wait_get(s, "members/" + std::to_string(i), left())), i)});
     }
     std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
     s.set("members/closed", as_bytes(detail::encode_members(list)));
@@ -246,21 +257,8 @@ template <store S>
 ///         if it formed without this process
 template <store S>
 [[nodiscard]] membership enroll_any(S& s, std::string_view id, const group_options& opts = {}) {
-  detail::check_key(id, "enroll");
-  if (opts.min_members < 1 || opts.max_members < opts.min_members) {
-    throw usage_error(-1, "enroll",
-                      "need 1 <= min_members <= max_members, got " + std::to_string(opts.min_members) + " and " +
-                          std::to_string(opts.max_members));
-  }
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-  const std::int64_t counted = s.add("members/arrivals", 1);
-  if (counted < 1) {
-    throw communication_error(-1, "enroll",
-                              "malformed arrival counter 'members/arrivals' in the store (" + std::to_string(counted) +
-                                  " after counting this arrival)");
-  }
-  const std::int64_t me = counted - 1;
-  s.set("members/" + std::to_string(me), as_bytes(id));
+  const std::int64_t me = detail::arrive(s, id, opts);
   const auto result = [&](const store_value& v) { return detail::membership_in(to_text(v), me, id); };
   progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
   stores::detail::backoff pause(std::chrono::milliseconds(5));
@@ -284,12 +282,7 @@ template <store S>
       for (std::int64_t i = 0; i < arrived; ++i) {
         const auto v = s.get("members/" + std::to_string(i));
         if (!v || s.get("members/gone/" + std::to_string(i))) continue;  // not published yet, or left
-        std::string arrived_id = to_text(*v);
-        if (!detail::is_valid_key(arrived_id)) {
-          throw communication_error(-1, "enroll",
-                                    "malformed id under 'members/" + std::to_string(i) + "' in the store");
-        }
-        present.push_back({i, std::move(arrived_id)});
+        present.push_back({i, detail::arrived_id(to_text(*v), i)});
       }
       std::vector<std::string> ids;
       for (const auto& a : present) ids.push_back(a.id);
@@ -315,13 +308,6 @@ template <store S>
     }
     pause.sleep_until_next(deadline);
   }
-}
-
-/// Former name of `enroll`, kept so that existing code compiles.
-template <store S>
-[[deprecated("use ddp::stores::enroll: 'join' now names only uneven inputs (JoinContext)")]] [[nodiscard]] membership
-join_group(S& s, std::string_view id, const group_options& opts = {}) {
-  return enroll(s, id, opts);
 }
 
 }  // namespace ddp::stores
