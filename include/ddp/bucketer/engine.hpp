@@ -516,21 +516,6 @@ class bucketer_engine : protected bucketer_buckets {
     return lost;
   }
 
-  [[noreturn]] void throw_lost(const std::vector<std::size_t>& lost) const {
-    throw usage_error(comm_.rank(), "Bucketer::finalize",
-                      "gradients " + labels(lost) +
-                          " were not computed on this rank and no longer have their registered element count, dtype "
-                          "and memory (set to None?), but other ranks used them, so this rank cannot receive their "
-                          "average; zero such gradients instead of setting them to None");
-  }
-
-  [[noreturn]] void throw_unmarked(const std::vector<std::size_t>& unmarked) const {
-    throw usage_error(comm_.rank(), "Bucketer::finalize",
-                      std::to_string(unmarked.size()) + " of " + std::to_string(entries_.size()) +
-                          " gradients were never marked ready (indices " + labels(unmarked) +
-                          "); if some parameters go unused in some iterations, set find_unused_parameters");
-  }
-
   void forget_accumulated() noexcept {
     for (std::size_t i = 0; i < entries_.size(); ++i) accumulated_[i].store(false, std::memory_order_relaxed);
   }
