@@ -140,7 +140,7 @@ inline void check_allreduce(ddp::communicator_ref comm, ddp::dtype t, ddp::reduc
                                                    (t == ddp::dtype::f16 ? 0x1p-24 : 0.0)
                                              : 0.0;
       SUITE_EXPECT(std::abs(got[i] - ref[i]) <= tol, where << " i=" << start + i << ": got " << got[i] << ", want "
-                                                            << ref[i] << " (tolerance " << tol << ")");
+                                                           << ref[i] << " (tolerance " << tol << ")");
     }
   }
   suite::expect_same_bits_everywhere(comm, b, where);
