@@ -1,5 +1,5 @@
 #pragma once
-/// @file device/emulated.hpp
+/// @file testing/emulated.hpp
 /// @brief The host emulation of the device runtime (`ddp::emulated_device::runtime`) and a
 /// device communicator over any host communicator (`ddp::emulated_device::communicator`).
 ///
@@ -40,5 +40,5 @@
 /// ordinary stream here: stricter, so code correct here is ordered on CUDA too), timing, and
 /// concurrency between device work and the host (device work runs only when the host pumps).
 
-#include <ddp/device/emulated_communicator.hpp>
-#include <ddp/device/emulated_runtime.hpp>
+#include <ddp/testing/emulated_communicator.hpp>
+#include <ddp/testing/emulated_runtime.hpp>

@@ -1,7 +1,7 @@
 #pragma once
-/// @file device/emulated_runtime.hpp
+/// @file testing/emulated_runtime.hpp
 /// @brief `ddp::emulated_device::runtime`: the device runtime emulated on the host (the model is
-/// described in ddp/device/emulated.hpp).
+/// described in ddp/testing/emulated.hpp).
 
 #include <atomic>
 #include <chrono>
