@@ -4,8 +4,9 @@
 /// non-owning type-erased reference through which components (Bucketer, JoinContext,
 /// BufferReducer, Manager) talk to any backend without being templated on it.
 ///
-/// The contract every model follows: docs/communicators.md#the-concept. The optional capabilities
-/// (pre-multiplied sum, staged input, device queue): docs/writing-a-backend.md#optional-capabilities.
+/// The contract every model follows: docs/communicators.md ("The concept"). The optional
+/// capabilities (pre-multiplied sum, staged input, device queue): docs/writing-a-backend.md
+/// ("Optional capabilities").
 
 #include <concepts>
 #include <cstddef>
@@ -35,20 +36,20 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
   noexcept;
 };
 
-/// A communicator with a pre-multiplied sum (docs/writing-a-backend.md#optional-capabilities).
+/// A communicator with a pre-multiplied sum (docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<const tensor_view> ts, double factor) {
   { c.allreduce_premul_sum(ts, factor) } -> std::same_as<work>;
 };
 
 /// A pre-multiplied-sum communicator that says at run time whether the capability is there (a
-/// wrapper over a backend chosen at run time; docs/writing-a-backend.md#optional-capabilities).
+/// wrapper over a backend chosen at run time; docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept dynamic_premul_sum_communicator = premul_sum_communicator<C> && requires(const C& cc) {
   { cc.has_premul_sum() } -> std::same_as<bool>;
 };
 
-/// A communicator that says whether it stages its inputs (docs/writing-a-backend.md#optional-capabilities).
+/// A communicator that says whether it stages its inputs (docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept staging_communicator = communicator<C> && requires(const C& cc) {
   { cc.stages_input() } -> std::same_as<bool>;

@@ -5,7 +5,7 @@
 /// gloo calls.
 ///
 /// How each collective maps onto gloo (packing per dtype, f16/bf16 widening, `avg`, ddp's own
-/// reduce-scatter ring, one tag per call): docs/backends-gloo.md#collectives.
+/// reduce-scatter ring, one tag per call): docs/backends-gloo.md ("Collectives").
 
 #include <chrono>
 #include <cstddef>

@@ -4,7 +4,7 @@
 ///
 /// Owns a duplicate of the MPI_Comm it is built from; host memory only; non-blocking collectives
 /// that move only while their work is tested. Allreduce algorithms, scratch memory, threads,
-/// errors and teardown: docs/communicators.md#the-mpi-backend.
+/// errors and teardown: docs/communicators.md ("The MPI backend").
 
 #include <mpi.h>
 

@@ -5,7 +5,7 @@
 ///
 /// A test backend: the components' device code paths run, and are tested, on CPUs without a GPU.
 /// The model (memory, lazy streams, events, sticky errors, host syncs, test hooks, what is not
-/// emulated): docs/gpu-training.md#testing-without-a-gpu-the-emulated-device.
+/// emulated): docs/gpu-training.md, "Testing without a GPU: the emulated device".
 
 #include <ddp/testing/emulated_communicator.hpp>
 #include <ddp/testing/emulated_runtime.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 /// @file testing/emulated_runtime.hpp
 /// @brief `ddp::emulated_device::runtime`: the device runtime emulated on the host (the model:
-/// docs/gpu-training.md#testing-without-a-gpu-the-emulated-device).
+/// docs/gpu-training.md, "Testing without a GPU: the emulated device").
 
 #include <atomic>
 #include <chrono>
