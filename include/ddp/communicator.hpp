@@ -4,33 +4,9 @@
 /// non-owning type-erased reference through which components (Bucketer, JoinContext,
 /// BufferReducer, Manager) talk to any backend without being templated on it.
 ///
-/// Contract of a model (all collectives are non-blocking and must be called by every rank of
-/// the communicator in the same order):
-/// - `allreduce(tensors, op)`: in place, element-wise over ranks; several tensors are one
-///   coalesced call. All tensors of one call may have different dtypes.
-/// - `broadcast(tensors, root)`: in place, from `root`.
-/// - `allgather(in, out)`: `out.count == in.count * size()`, rank r's `in` lands at `out[r * in.count]`.
-///   `in` may be exactly that block of `out` (in place); no other overlap.
-/// - `reduce_scatter(in, out, op)`: `in.count == out.count * size()`; rank r gets block r of the
-///   reduction. `in` and `out` do not overlap.
-/// - `barrier()`.
-/// - `abort()`: pending work completes with `communication_error`; later calls throw `usage_error`.
-/// Buffers must stay alive and untouched until the returned work completed. A call that breaks
-/// these rules (or names memory the backend cannot reach) throws `usage_error` before anything is
-/// issued; every backend checks them with the same code and messages (backend_contract.hpp).
-///
-/// Optional capabilities (`communicator_ref` reports whether the referenced backend has them):
-/// - `allreduce_premul_sum(tensors, factor)` (`premul_sum_communicator`): a sum in which every
-///   rank's floating-point values are first multiplied by `factor` (rounded once to the dtype's
-///   compute type, the product rounded to the dtype: the averaging rule of average.hpp); integer
-///   tensors are summed as they are. Same bits as scaling in place and then summing, in one pass.
-///   A wrapper whose backend is chosen at run time (`any_communicator`, the Manager) also has
-///   `has_premul_sum()`, true only while what it forwards to has the capability.
-/// - `stages_input()` (`staging_communicator`): true when the backend copies every input into
-///   memory of its own anyway (shared memory), so a coalesced call over many scattered tensors
-///   costs no more than one over a contiguous buffer. The Bucketer then skips its bucket copy.
-/// - `device_queue()` (`device_communicator`): the collectives run on a device stream; returns
-///   the runtime, the stream and the device (device_runtime.hpp states the extra contract).
+/// The contract every model follows: docs/communicators.md ("The concept"). The optional
+/// capabilities (pre-multiplied sum, staged input, device queue): docs/writing-a-backend.md
+/// ("Optional capabilities").
 
 #include <concepts>
 #include <cstddef>
@@ -60,20 +36,20 @@ concept communicator = requires(C& c, const C& cc, std::span<const tensor_view> 
   noexcept;
 };
 
-/// A communicator with a pre-multiplied sum (see the file comment).
+/// A communicator with a pre-multiplied sum (docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept premul_sum_communicator = communicator<C> && requires(C& c, std::span<const tensor_view> ts, double factor) {
   { c.allreduce_premul_sum(ts, factor) } -> std::same_as<work>;
 };
 
 /// A pre-multiplied-sum communicator that says at run time whether the capability is there (a
-/// wrapper over a backend chosen at run time; see the file comment).
+/// wrapper over a backend chosen at run time; docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept dynamic_premul_sum_communicator = premul_sum_communicator<C> && requires(const C& cc) {
   { cc.has_premul_sum() } -> std::same_as<bool>;
 };
 
-/// A communicator that says whether it stages its inputs (see the file comment).
+/// A communicator that says whether it stages its inputs (docs/writing-a-backend.md, "Optional capabilities").
 template <class C>
 concept staging_communicator = communicator<C> && requires(const C& cc) {
   { cc.stages_input() } -> std::same_as<bool>;
@@ -166,7 +142,7 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
   /// Aborts the referenced communicator: its pending work fails, later calls throw.
   void abort() const noexcept { vt_->abort(obj_); }
 
-  /// True if the referenced backend has `allreduce_premul_sum` (file comment).
+  /// True if the referenced backend has `allreduce_premul_sum` (docs/writing-a-backend.md).
   [[nodiscard]] bool has_premul_sum() const {
     return vt_->premul_sum != nullptr && (vt_->has_premul_sum == nullptr || vt_->has_premul_sum(obj_));
   }
@@ -178,7 +154,7 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
     }
     return vt_->premul_sum(obj_, ts, factor);
   }
-  /// True if the referenced backend copies every input into its own memory (file comment).
+  /// True if the referenced backend copies every input into its own memory (docs/writing-a-backend.md).
   [[nodiscard]] bool stages_input() const { return vt_->stages_input != nullptr && vt_->stages_input(obj_); }
   /// True if the referenced backend runs its collectives on a device stream now: it models
   /// `device_communicator` and its queue has a runtime (a wrapper such as `any_communicator` or

@@ -3,7 +3,7 @@
 /// @brief The small device-runtime interface the components use for gradients and buffers in
 /// device memory: stream-ordered allocation, copies and zero fills, and events to order streams
 /// without blocking the host. Two implementations: `ddp::cuda::runtime` (ddp/cuda/runtime.hpp,
-/// the CUDA runtime API) and `ddp::emulated_device::runtime` (ddp/device/emulated.hpp, host
+/// the CUDA runtime API) and `ddp::emulated_device::runtime` (ddp/testing/emulated.hpp, host
 /// memory and ordered queues, so that device code paths run, and are tested, without a GPU).
 ///
 /// A communicator whose collectives run on a device stream says so with `device_queue()`

@@ -1,5 +1,5 @@
 #pragma once
-// The components over device memory, run on the emulated device (ddp/device/emulated.hpp) over
+// The components over device memory, run on the emulated device (ddp/testing/emulated.hpp) over
 // any host communicator: threads (device_components_local_test.cpp) and MPI processes
 // (device_components_mpi_test.cpp). Emulated device memory is host memory, so a case reads its
 // results directly once it has synchronised with the stream that produced them. Failures throw
@@ -16,7 +16,7 @@
 
 #include <ddp/bucketer.hpp>
 #include <ddp/buffer_reducer.hpp>
-#include <ddp/device/emulated.hpp>
+#include <ddp/testing/emulated.hpp>
 #include <ddp/join.hpp>
 #include <ddp/strategies/allreduce.hpp>
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
-#include <ddp/device/emulated.hpp>
+#include <ddp/testing/emulated.hpp>
 #include <ddp/mpi.hpp>
 
 #include "../common/mpi_world.hpp"

@@ -12,7 +12,7 @@
 
 #include <catch2/catch.hpp>
 #include <ddp/average.hpp>
-#include <ddp/device/emulated.hpp>
+#include <ddp/testing/emulated.hpp>
 #include <ddp/local.hpp>
 
 using ddp::copy_region;

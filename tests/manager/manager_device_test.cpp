@@ -14,7 +14,7 @@
 
 #include <catch2/catch.hpp>
 #include <ddp/any_communicator.hpp>
-#include <ddp/device/emulated.hpp>
+#include <ddp/testing/emulated.hpp>
 #include <ddp/local.hpp>
 #include <ddp/manager.hpp>
 #include <ddp/stores/memory_store.hpp>

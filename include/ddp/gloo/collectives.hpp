@@ -4,16 +4,8 @@
 /// the communicator's worker thread, in issue order, so every rank makes the same sequence of
 /// gloo calls.
 ///
-/// - allreduce: gloo's allreduce (ring) with our reduction function, so every dtype and op works
-///   the same way (gloo has no f16/bf16 in several of its APIs, and no `avg`). Tensors of one
-///   call are packed per dtype: one gloo call per dtype present. f16/bf16 travel as f32 unless
-///   `widen_half` is off. `avg` is a sum divided afterwards (integers truncate toward zero).
-/// - broadcast: one byte-wise gloo broadcast of all tensors packed together.
-/// - allgather: gloo's allgather, byte-wise.
-/// - reduce_scatter: ddp's own ring over gloo's transport (below), on a copy of the input.
-/// - barrier: gloo's barrier.
-/// Every gloo call gets its own tag (slot), so a rank one call ahead or behind cannot have its
-/// data taken for another call's: it times out instead.
+/// How each collective maps onto gloo (packing per dtype, f16/bf16 widening, `avg`, ddp's own
+/// reduce-scatter ring, one tag per call): docs/backends-gloo.md ("Collectives").
 
 #include <chrono>
 #include <cstddef>

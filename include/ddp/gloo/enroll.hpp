@@ -2,19 +2,9 @@
 /// @file gloo/enroll.hpp
 /// @brief Building (and re-building) a gloo communicator for a member set agreed in a store.
 ///
-/// Recovery after a peer died, on every survivor:
-/// @code
-///   try { ... comm.allreduce(...).wait(); }
-///   catch (const ddp::communication_error&) {
-///     comm = ddp::gloo::enroll(store, "job", ++generation, my_id, {.min_members = 2}, opts);
-///     if (comm.rank() == 0) ddp::stores::retire_generation(store, "job", generation - 1);
-///   }
-/// @endcode
-/// The survivors meet in generation g + 1's namespace, agree on who is in (stores::enroll), and
-/// connect there: the dead generation's keys are never read.
-///
-/// Words: a process *enrolls* in a generation's group; "join" in ddp means only uneven inputs
-/// (`JoinContext`). (`gloo::join`, the former name, is gone: docs/migration.md.)
+/// Survivors of a failure meet in the next generation's namespace, agree on the members there
+/// (`stores::enroll`) and connect: the recovery loop is in docs/backends-gloo.md, "Re-creation
+/// after a failure".
 
 #include <cstdint>
 #include <string_view>

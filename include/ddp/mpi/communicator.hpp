@@ -2,29 +2,9 @@
 /// @file mpi/communicator.hpp
 /// @brief `ddp::mpi::communicator`: the MPI backend of the `ddp::communicator` concept.
 ///
-/// - Owns a duplicate of the MPI_Comm it is built from, so ddp traffic never mixes with the
-///   program's own (constructing one is collective over that communicator).
-/// - Every collective is non-blocking and returns a `ddp::work`; Open MPI makes no progress
-///   between MPI calls, so drive in-flight work with `work::test()` at natural points, or
-///   `wait()`. Buffers must stay alive and untouched until the work completed.
-/// - Host memory only (no CUDA-aware MPI assumed): a tensor on a GPU is a `usage_error`.
-/// - Allreduce of one tensor is in place. Several tensors are grouped by dtype; each group of
-///   2+ tensors is copied into one staging buffer and reduced by one collective. The algorithm
-///   goes by the group's size and the rank count, picked once per group by
-///   `options::selector()` (allreduce_selector.hpp: recursive doubling for small groups,
-///   halving-doubling for mid sizes, the ring for large ones, MPI_Iallreduce where the thresholds
-///   leave a gap; docs/allreduce-model.md for why).
-/// - `avg` sums, then divides (integers truncate toward zero). f16/bf16 reduce through the
-///   communicator's own 2-byte MPI datatype and operators, computing in float per element.
-/// - Errors: MPI_ERRORS_RETURN is set on the duplicate and every MPI return code is checked;
-///   failures become `mpi_error` (a `communication_error`) naming rank, operation and MPI's text.
-///   A communicator made with an `environment` records its failures there, so that the
-///   environment's destructor does not block in MPI_Finalize afterwards.
-/// - Threads: at MPI_THREAD_MULTIPLE any thread may call; at MPI_THREAD_SERIALIZED the
-///   communicator locks around its MPI calls (so components may call it from several threads,
-///   but the program's own MPI calls on other threads must be serialised by the program); below
-///   that only the creating thread may call, others get a `usage_error`.
-/// - Collectives must be issued in the same order on every rank, with the same options.
+/// Owns a duplicate of the MPI_Comm it is built from; host memory only; non-blocking collectives
+/// that move only while their work is tested. Allreduce algorithms, scratch memory, threads,
+/// errors and teardown: docs/communicators.md ("The MPI backend").
 
 #include <mpi.h>
 

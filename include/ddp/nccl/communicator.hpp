@@ -4,41 +4,9 @@
 /// in CUDA memory, `ddp::device_communicator` (its collectives run on a CUDA stream) and
 /// `ddp::premul_sum_communicator` (`ncclRedOpCreatePreMulSum`).
 ///
-/// Stream semantics. Collectives over device tensors are enqueued on the communicator's stream
-/// and return at once. Nothing in a trainer has to block the host: `stream_wait(compute)` makes a
-/// compute stream wait for the collectives issued so far, `enqueue_after(producer)` makes later
-/// collectives wait for the work queued on a producer stream (e.g. the backward pass that wrote
-/// the gradients). `device_queue()` hands the same stream, with the communicator's
-/// `ddp::cuda::runtime`, to the components (Bucketer, BufferReducer, ...), which then order their
-/// copies on it around the collectives.
-///
-/// What "complete" means for a returned `work`: the collective completed on the device, i.e. the
-/// CUDA event recorded on the stream right after it was reached. Then the results are in the
-/// buffers, and the host may read them (after copying them off the device) or reuse the buffers
-/// after `wait()` / a true `test()`. Stream-ordered consumers need no host wait at all: work
-/// enqueued on `stream()` after the call, or on a stream after `stream_wait(that_stream)`, runs
-/// after the collective. Polling a work handle also surfaces NCCL's asynchronous errors.
-///
-/// Host tensors. A call whose tensors are all in host memory is staged: copied into device memory
-/// on the stream, reduced there, copied back, and waited for on the host, so it has completed
-/// when the call returns (a host synchronisation, which also waits for everything enqueued on the
-/// stream before it). It exists for the components' small control messages (layout checks, join
-/// bookkeeping, `bootstrap`'s agreement over another NCCL communicator): never use it for
-/// gradients. A call mixing host and device tensors is a usage_error.
-///
-/// Threading. One communicator per rank and device; call it from one thread at a time (or from
-/// several threads that agree on the order). `abort()` may be called from any thread, e.g. a
-/// watchdog, and unblocks collectives waiting for dead peers. Several communicators (e.g. one per
-/// process group) may live in one process, each with its own stream and runtime.
-///
-/// @code
-/// ddp::mpi::environment env(argc, argv);
-/// auto world = ddp::mpi::communicator::world();
-/// auto gpu = ddp::nccl::communicator::bootstrap(world, local_rank);  // id sent over MPI
-/// gpu.enqueue_after(backward_stream);
-/// ddp::work w = gpu.allreduce(grads, ddp::reduce_op::avg);  // grads: tensors on cuda:local_rank
-/// gpu.stream_wait(optimizer_stream);                      // optimizer kernels run after it
-/// @endcode
+/// Collectives are enqueued on the communicator's stream and return at once; host tensors (the
+/// components' control messages) are staged through device memory. See docs/backends-nccl.md for
+/// stream semantics, what "complete" means, staging, threads and an example.
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -174,7 +142,7 @@ class communicator {
   /// In-place allreduce; several tensors are coalesced into one NCCL group (one launch).
   /// Tensors of one call may have different dtypes. `avg` uses `ncclAvg`.
   /// @pre every tensor is CUDA memory on `device()`, or every tensor is host memory (staged and
-  ///      complete on return: see the file comment)
+  ///      complete on return: docs/backends-nccl.md)
   /// @throws usage_error on a tensor elsewhere, a call mixing host and device tensors, or after abort()
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     if (all_host(ts)) {
@@ -410,7 +378,7 @@ class communicator {
     return on_device;
   }
 
-  // A call over host tensors (see the file comment): `issue_staged(staging)` stages the tensors
+  // A call over host tensors (docs/backends-nccl.md): `issue_staged(staging)` stages the tensors
   // and issues the collective over their device copies on stream(); then the results are copied
   // back and waited for. Complete on return: a ready work, or a failed one carrying the
   // communication or timeout error. usage_errors (e.g. after abort()) are thrown.

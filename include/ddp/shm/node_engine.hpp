@@ -3,33 +3,9 @@
 /// @brief `node_engine`: the chunked reduce-scatter / allgather pipeline through a node's segment,
 /// and the reduce-to-leader and broadcast-from-leader variants the hierarchical path uses.
 ///
-/// A dtype group's elements are cut into chunks of `chunk_bytes`; chunks get consecutive numbers
-/// g in a sequence shared by every operation on the segment. Each chunk is cut into one slice
-/// per rank (equal, whole cache lines). Per chunk, every rank
-///  1. waits until all ranks finished reading chunk g-2 (`copied >= g-1`): slot g % 2 is free;
-///  2. puts its input where peers can read it — the other ranks' slices copied into its staging
-///     slot (its own slice only it reads, from its own buffer), or, zero-copy, nothing: the
-///     input already is in its arena — describes it, and publishes `staged = g+1`;
-///  3. waits for all `staged`, then reduces its own slice across all ranks' inputs in rank
-///     order, writing the result into its slot (for the peers) and its own output at once;
-///     publishes `reduced = g+1`;
-///  4. waits for all `reduced`, copies the other slices from their owners into its output;
-///     publishes `copied = g+1`.
-/// One rank reduces each element, so every rank copies the same bits. Double buffering lets a
-/// rank stage chunk g+1 while slower ranks still read chunk g. The counters are monotonic, one
-/// writer each, in their own cache lines, written with release and read with acquire stores:
-/// no locks and no collective of the wrapped communicator per phase. A rank whose input is in
-/// its arena waits at the end until all peers have read it, since the caller may then write it.
-///
-/// Groups of at most `single_phase_bytes` skip the second round trip: every rank stages the
-/// whole group (arena tensors too: reading them in place would need a second round trip before
-/// they may be overwritten), then each reduces all of it into its own output, in the same rank
-/// order with the same code, so the bits still agree. Latency: one synchronisation instead of two.
-///
-/// A pre-multiplied sum (`scale` != 1, floating dtypes): the reducing rank multiplies every input
-/// as it reads it, a block at a time in L1 (kernels.hpp), so staging, zero-copy and the own slice
-/// read in place work unchanged and no pass over the data is added. Each product is rounded to the
-/// dtype before the sum: the bits of a scaling pass followed by a sum.
+/// The chunk pipeline (four phases per chunk, double-buffered slots, monotonic counters), the
+/// single-phase path for small groups and the pre-multiplied sum: docs/shm-allreduce.md, sections
+/// "Algorithm" and "Synchronisation".
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 #pragma once
-/// @file device/emulated_communicator.hpp
+/// @file testing/emulated_communicator.hpp
 /// @brief `ddp::emulated_device::communicator`: a device communicator over any host communicator,
-/// its collectives run in stream order on an emulated device (ddp/device/emulated.hpp).
+/// its collectives run in stream order on an emulated device (ddp/testing/emulated.hpp).
 
 #include <atomic>
 #include <chrono>
@@ -33,7 +33,7 @@
 #include <ddp/reduce_op.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
-#include <ddp/device/emulated_runtime.hpp>
+#include <ddp/testing/emulated_runtime.hpp>
 
 namespace ddp::emulated_device {
 

@@ -1,7 +1,7 @@
 #pragma once
-/// @file device/emulated_runtime.hpp
-/// @brief `ddp::emulated_device::runtime`: the device runtime emulated on the host (the model is
-/// described in ddp/device/emulated.hpp).
+/// @file testing/emulated_runtime.hpp
+/// @brief `ddp::emulated_device::runtime`: the device runtime emulated on the host (the model:
+/// docs/gpu-training.md, "Testing without a GPU: the emulated device").
 
 #include <atomic>
 #include <chrono>
@@ -31,7 +31,7 @@
 
 namespace ddp::emulated_device {
 
-/// The device runtime emulated on the host (see the file comment). Thread-safe: any thread may
+/// The device runtime emulated on the host (docs/gpu-training.md). Thread-safe: any thread may
 /// enqueue; one thread at a time pumps.
 class runtime final : public device_runtime {
  public:
