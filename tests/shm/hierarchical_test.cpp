@@ -50,7 +50,19 @@ TEST_CASE("shm hierarchical: two nodes (halves), MPI window", "[shm][hierarchica
   REQUIRE(comm.topology().nodes == 2);
   REQUIRE((comm.leaders() != nullptr) == comm.topology().is_leader());
   if (comm.leaders()) REQUIRE(comm.leaders()->size() == 2);
+  // The default inter-node step: ddp's sockets ring among the leaders.
+  REQUIRE(comm.inter_node() ==
+          (comm.topology().is_leader() ? std::optional(ddp::shm::across_nodes::sockets) : std::nullopt));
   REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "2 nodes window", 2));
+}
+
+TEST_CASE("shm hierarchical: two nodes, the leaders' MPI communicator across nodes", "[shm][hierarchical]") {
+  const auto labels = halves(world_size());
+  auto comm = ddp::shm::mpi::world(
+      {.chunk_bytes = small_chunk, .node_of_rank = labels, .inter_node = ddp::shm::across_nodes::leaders_communicator});
+  REQUIRE(comm.inter_node() ==
+          (comm.topology().is_leader() ? std::optional(ddp::shm::across_nodes::leaders_communicator) : std::nullopt));
+  REQUIRE_NOTHROW(shm_cases::run_all(comm, small_chunk, "2 nodes leaders' communicator", 2));
 }
 
 TEST_CASE("shm hierarchical: two nodes (interleaved), POSIX segment", "[shm][hierarchical]") {

@@ -32,6 +32,7 @@
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
+#include <ddp/net/ring.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/shm/arena.hpp>
 #include <ddp/shm/layout.hpp>
@@ -58,7 +59,25 @@ struct node_parts {
   segment_layout layout;            ///< how the node's shared segment is carved up
   std::shared_ptr<segment> shared;  ///< the node's segment; null when this rank is alone on its node
   std::optional<Cross> leaders;     ///< on node leaders when there are several nodes
+  std::optional<net::ring> ring;    ///< on node leaders whose options choose across_nodes::sockets
 };
+
+/// Connects the node leaders' sockets ring over their communicator (its allgather carries each
+/// leader's addresses). Collective over `leaders`; throws communication_error or timeout_error.
+template <ddp::communicator Cross>
+[[nodiscard]] net::ring connect_leaders_ring(Cross& leaders, const options& opts) {
+  const net::context ctx{leaders.rank(), "shm::communicator: connecting the node leaders' sockets ring"};
+  const auto allgather = [&](const net::ring_record& mine) {
+    std::vector<net::ring_record> all(static_cast<std::size_t>(leaders.size()));
+    net::ring_record in = mine;
+    leaders
+        .allgather(tensor_view(&in, sizeof in, dtype::u8), tensor_view(all.data(), sizeof in * all.size(), dtype::u8))
+        .wait();
+    return all;
+  };
+  return net::ring::connect(leaders.rank(), leaders.size(), allgather, opts.socket_interface,
+                            net::clock::now() + opts.timeout, ctx);
+}
 
 /// See the file comment. `Inner`: the wrapped communicator (owned; pass `communicator_ref` to
 /// wrap without owning). `Cross`: the type of the leaders' communicator.
@@ -94,6 +113,13 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
       parts.leaders = make_leaders(parts.topology);
       problem = leaders_problem(parts.topology, parts.leaders);
+      if (problem.empty() && opts.inter_node == across_nodes::sockets) {
+        try {
+          parts.ring.emplace(connect_leaders_ring(*parts.leaders, opts));
+        } catch (const error& e) {
+          problem = e.message();
+        }
+      }
     }
     agree_or_throw(problem, parts.topology);
     assemble(std::move(opts), std::move(parts));
@@ -105,6 +131,10 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     if (parts.topology.nodes > 1 && parts.topology.is_leader()) {
       if (auto problem = leaders_problem(parts.topology, parts.leaders); !problem.empty()) {
         throw usage_error(inner_.rank(), "shm::communicator", problem);
+      }
+      if (opts.inter_node == across_nodes::sockets && !parts.ring) {
+        throw usage_error(inner_.rank(), "shm::communicator",
+                          "options::inter_node is sockets but the parts hold no ring (connect_leaders_ring)");
       }
     }
     assemble(std::move(opts), std::move(parts));
@@ -190,6 +220,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     }
     inner_.abort();
     if (leaders_) leaders_->abort();
+    if (ring_) ring_->abort();
   }
 
   /// Releases the segment now, collectively over the node where the backing needs it (an MPI
@@ -247,6 +278,13 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
   /// The leaders' communicator (on node leaders when there are several nodes), else null.
   [[nodiscard]] Cross* leaders() noexcept { return leaders_ ? &*leaders_ : nullptr; }
+  /// The inter-node step this rank takes as a node leader (`options().inter_node`), or nullopt
+  /// when it takes none (one node, or not a leader).
+  [[nodiscard]] std::optional<across_nodes> inter_node() const noexcept {
+    if (ring_) return across_nodes::sockets;
+    if (leaders_) return across_nodes::leaders_communicator;
+    return std::nullopt;
+  }
   /// "posix", "mpi window", or "none" (this rank is alone on its node).
   [[nodiscard]] const char* backing() const noexcept { return s_ && s_->shared ? s_->shared->backing() : "none"; }
   /// Bytes of the node's segment (0 if none).
@@ -304,6 +342,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     s_->topology = std::move(parts.topology);
     s_->shared = std::move(parts.shared);
     leaders_ = std::move(parts.leaders);
+    ring_ = std::move(parts.ring);
     const node_topology& t = s_->topology;
     if (s_->shared) {
       // More ranks than CPUs: the peer a rank waits for may need this very core, so never spin.
@@ -378,8 +417,13 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
       std::vector<tensor_view> parts;
       for (const auto& g : groups) parts.insert(parts.end(), g.parts.begin(), g.parts.end());
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      leaders_->allreduce(std::span<const tensor_view>(parts), partial)
-          .wait_for(std::max(left, std::chrono::milliseconds(1)));
+      if (ring_) {
+        const net::context ctx{rank(), info.describe()};
+        for (const tensor_view& p : parts) ring_->allreduce(p, partial, deadline, ctx);
+      } else {
+        leaders_->allreduce(std::span<const tensor_view>(parts), partial)
+            .wait_for(std::max(left, std::chrono::milliseconds(1)));
+      }
       if (op == reduce_op::avg) {
         for (const auto& p : parts) ddp::detail::divide_in_place(p.type, p.data, p.count, world);
       }
@@ -393,6 +437,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
 
   Inner inner_;
   std::optional<Cross> leaders_;
+  std::optional<net::ring> ring_;  // on node leaders with inter_node == sockets
   std::unique_ptr<state> s_;
 };
 

@@ -5,11 +5,23 @@
 #include <chrono>
 #include <cstddef>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include <ddp/work.hpp>
 
 namespace ddp::shm {
+
+/// How node leaders allreduce across nodes, chosen once when the communicator is built.
+enum class across_nodes : unsigned char {
+  sockets,               ///< ddp's own TCP ring among the leaders (net/ring.hpp): both link directions at once
+  leaders_communicator,  ///< the leaders' communicator's allreduce (e.g. ddp::mpi over Open MPI)
+};
+
+/// "sockets" or "leaders' communicator".
+[[nodiscard]] constexpr const char* name_of(across_nodes a) noexcept {
+  return a == across_nodes::sockets ? "sockets" : "leaders' communicator";
+}
 
 /// Knobs of `ddp::shm::communicator`. Every rank must pass the same values (checked at set-up).
 /// @code
@@ -45,6 +57,15 @@ struct options {
   /// host share a node). Set it to simulate several nodes on one machine, e.g. `{0, 0, 1, 1}`.
   std::vector<int> node_of_rank{};
 
+  /// The inter-node step (with several nodes). `sockets` reaches about the link rate in both
+  /// directions where Open MPI's TCP transport moved one direction at a time
+  /// (docs/backends-sockets.md); the leaders' communicator still carries every other collective.
+  across_nodes inter_node = across_nodes::sockets;
+
+  /// With `sockets`: the interface whose IPv4 addresses the leaders publish (e.g. "eth0"). Empty:
+  /// every interface that is up; a peer tries the addresses on its own subnets first.
+  std::string socket_interface{};
+
   /// Memberwise.
   friend bool operator==(const options&, const options&) = default;
 
@@ -60,6 +81,8 @@ struct options {
       for (std::size_t i = 0; i < o.node_of_rank.size(); ++i) os << (i ? ", " : "") << o.node_of_rank[i];
       os << "]";
     }
+    os << ", inter_node: " << name_of(o.inter_node);
+    if (!o.socket_interface.empty()) os << " on " << o.socket_interface;
     return os << "}";
   }
 };

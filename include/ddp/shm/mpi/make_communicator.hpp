@@ -181,6 +181,26 @@ inline void check_within_hosts(MPI_Comm all, MPI_Comm simulated, int rank, int s
     detail::check(MPI_Comm_split(work.get(), t.is_leader() ? 0 : MPI_UNDEFINED, rank, leaders.out()), rank,
                   "MPI_Comm_split");
     if (t.is_leader()) parts.leaders.emplace(mpi_comm(leaders.get()));
+    // The leaders' sockets ring (options::inter_node); every rank learns whether one failed.
+    std::string problem;
+    if (t.is_leader() && opts.inter_node == across_nodes::sockets) {
+      try {
+        parts.ring.emplace(connect_leaders_ring(*parts.leaders, opts));
+      } catch (const error& e) {
+        problem = e.message();
+      }
+    }
+    struct {
+      int failed;
+      int rank;
+    } first{problem.empty() ? 0 : 1, problem.empty() ? INT_MAX : rank};
+    detail::check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_2INT, MPI_MAXLOC, work.get()), rank, "MPI_Allreduce");
+    if (first.failed) {
+      throw communication_error(
+          rank, "shm::mpi::make_communicator",
+          problem.empty() ? "rank " + std::to_string(first.rank) + " could not connect the node leaders' sockets ring"
+                          : problem);
+    }
   }
   return mpi_communicator(std::move(inner), std::move(opts), std::move(parts));
 }
