@@ -199,8 +199,10 @@ TEST_CASE("Manager across hosts: a host's link cut, the majority goes on; restor
                               << r3_last_during_cut);
   CHECK(r3_last_during_cut <= at_cut + 1);
   gloo_test::check_records(records.path(), ids, end_at + 5, 200);
-  // ... and then committed with the others, with the same bits (check_records compares them).
-  CHECK(last_commit(records.path(), "r3", end_at + 5) >= end_at - 1);
+  // ... and then committed with the others, with the same bits (check_records compares them). The
+  // job ends at the first step of all three at or after end_at: later than end_at when r3's
+  // rejoin took longer (a loaded machine), so search up to the job's last step.
+  CHECK(last_commit(records.path(), "r3", progress(records.path()) + 1) >= end_at - 1);
 }
 
 TEST_CASE("Manager across hosts: a host's processes killed, its replica restarted; it heals and rejoins",
@@ -233,5 +235,5 @@ TEST_CASE("Manager across hosts: a host's processes killed, its replica restarte
   CHECK(outs[0].value("restarts") == "0");
   CHECK(outs[1].value("restarts") == "0");
   gloo_test::check_records(records.path(), ids, end_at + 5, 200);
-  CHECK(last_commit(records.path(), "r2", end_at + 5) >= end_at - 1);
+  CHECK(last_commit(records.path(), "r2", progress(records.path()) + 1) >= end_at - 1);
 }

@@ -115,3 +115,26 @@ TEST_CASE("shm hierarchical: several nodes without a leaders' communicator is a 
       ddp::shm::communicator<ddp::mpi::communicator>(ddp::mpi::communicator::world(), {.node_of_rank = labels}),
       ddp::usage_error);
 }
+
+TEST_CASE("shm hierarchical: ranks that split the same elements into different tensors", "[shm][hierarchical]") {
+  // Every rank its own node, so every rank is a leader: rank 0 passes 3 tensors, the others one.
+  std::vector<int> labels(static_cast<std::size_t>(world_size()));
+  for (std::size_t r = 0; r < labels.size(); ++r) labels[r] = static_cast<int>(r);
+  auto comm = ddp::shm::mpi::world({.node_of_rank = labels});
+  const int rank = comm.rank();
+  std::vector<float> all(3000);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>((i % 7) + static_cast<std::size_t>(rank));
+  std::vector<ddp::tensor_view> views;
+  if (rank == 0) {
+    views = {ddp::tensor_view(all.data(), 1000, ddp::dtype::f32),
+             ddp::tensor_view(all.data() + 1000, 1, ddp::dtype::f32),
+             ddp::tensor_view(all.data() + 1001, 1999, ddp::dtype::f32)};
+  } else {
+    views = {ddp::tensor_view(all.data(), all.size(), ddp::dtype::f32)};
+  }
+  comm.allreduce(std::span<const ddp::tensor_view>(views), ddp::reduce_op::sum).wait();
+  const int n = comm.size();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    REQUIRE(all[i] == static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2));
+  }
+}

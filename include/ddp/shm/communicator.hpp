@@ -419,7 +419,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
       if (ring_) {
         const net::context ctx{rank(), info.describe()};
-        for (const tensor_view& p : parts) ring_->allreduce(p, partial, deadline, ctx);
+        for (const auto& g : groups) ring_allreduce(g, partial, deadline, ctx);
       } else {
         leaders_->allreduce(std::span<const tensor_view>(parts), partial)
             .wait_for(std::max(left, std::chrono::milliseconds(1)));
@@ -435,9 +435,26 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     }
   }
 
+  // One dtype's tensors over the sockets ring, as one sequence: ranks may split the same
+  // elements into different tensors (a gradient moved out of its bucket on one rank only), so a
+  // group of several tensors travels packed.
+  void ring_allreduce(const tensor_group& g, reduce_op op, clock::time_point deadline, const net::context& ctx) {
+    if (g.parts.size() == 1) return ring_->allreduce(g.parts[0], op, deadline, ctx);
+    const std::size_t width = size_of(g.type);
+    ring_staging_.resize(g.total * width);
+    for (std::size_t k = 0; k < g.parts.size(); ++k) {
+      std::memcpy(ring_staging_.data() + g.starts[k] * width, g.parts[k].data, g.parts[k].bytes());
+    }
+    ring_->allreduce(tensor_view(ring_staging_.data(), g.total, g.type), op, deadline, ctx);
+    for (std::size_t k = 0; k < g.parts.size(); ++k) {
+      std::memcpy(g.parts[k].data, ring_staging_.data() + g.starts[k] * width, g.parts[k].bytes());
+    }
+  }
+
   Inner inner_;
   std::optional<Cross> leaders_;
-  std::optional<net::ring> ring_;  // on node leaders with inter_node == sockets
+  std::vector<std::byte> ring_staging_;  // packs a group of several tensors for the ring
+  std::optional<net::ring> ring_;        // on node leaders with inter_node == sockets
   std::unique_ptr<state> s_;
 };
 
