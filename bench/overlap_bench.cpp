@@ -1,6 +1,6 @@
 // Does the Bucketer hide communication behind the backward pass?
 //
-//   mpiexec -n 2 overlap_bench [--shapes resnet50.txt] [--iters 10] [--csv FILE]
+//   mpiexec -n 2 overlap_bench [--shapes resnet50.txt] [--iters 10] [--world] [--csv FILE]
 //
 // Table 1, no compute: one allreduce of all gradient bytes (the practical limit), one allreduce
 // per tensor, the Bucketer (default policy, copy path) and the Bucketer zero-copy.
@@ -21,6 +21,7 @@
 
 #include <ddp/bucketer.hpp>
 #include <ddp/mpi.hpp>
+#include <ddp/world.hpp>
 
 #include "common/cli.hpp"
 #include "common/shapes.hpp"
@@ -44,21 +45,12 @@ double ms_since(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  ddp::mpi::environment env(&argc, &argv);
-  auto comm = ddp::mpi::communicator::world();
+// The tables over `comm` (ddp::mpi, or ddp::world's node-aware communicator).
+template <class Comm>
+void run(Comm& comm, const bench::cli& args, const std::string& path) {
   ddp::communicator_ref ref(comm);
   const int rank = comm.rank();
-  try {
-    bench::cli args(argc, argv, "Bucketer overlap with a simulated backward pass (mpiexec -n 2)",
-                    {{"--shapes", "FILE", "parameter shapes (default: 24 small tensors)"},
-                     {"--iters", "N", "measured iterations per row (default 10)"}});
-    if (args.has("--help")) {
-      if (rank == 0) args.print_help(std::cout);
-      return 0;
-    }
+  {
     const int iters = static_cast<int>(args.int_or("--iters", 10));
     std::vector<std::size_t> small;  // default: 24 tensors of 4 Ki .. 128 Ki elements
     for (int i = 0; i < 24; ++i) small.push_back(std::size_t{1} << (12 + i % 6));
@@ -136,7 +128,7 @@ int main(int argc, char** argv) {
       overlap.add({scale, t_compute, s_copy, s_copy / bound, s_zero, s_zero / bound, s_thread, s_thread / bound});
     }
     if (rank == 0) {
-      std::cout << "Gradient synchronisation, " << counts.size() << " tensors, "
+      std::cout << "Gradient synchronisation over " << path << ", " << counts.size() << " tensors, "
                 << static_cast<double>(total * 4) / (1 << 20) << " MiB, " << comm.size() << " ranks (median of "
                 << iters << ", slowest rank)\n";
       sync.print(std::cout);
@@ -148,6 +140,32 @@ int main(int argc, char** argv) {
         out << "\n";
         overlap.write_csv(out);
       }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::mpi::environment env(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    bench::cli args(
+        argc, argv, "Bucketer overlap with a simulated backward pass (mpiexec -n 2)",
+        {{"--shapes", "FILE", "parameter shapes (default: 24 small tensors)"},
+         {"--iters", "N", "measured iterations per row (default 10)"},
+         {"--world", "", "over ddp::world (shared memory in a host, sockets between hosts), not ddp::mpi"}});
+    if (args.has("--help")) {
+      if (rank == 0) args.print_help(std::cout);
+      return 0;
+    }
+    if (args.has("--world")) {
+      auto comm = ddp::world(env);
+      run(comm, args, "ddp::world");
+    } else {
+      auto comm = ddp::mpi::communicator::world();
+      run(comm, args, "ddp::mpi");
     }
     return 0;
   } catch (const std::exception& e) {

@@ -9,7 +9,9 @@
 #include <ddp/shm/mpi.hpp>
 #include <mpi.h>
 
+#include <chrono>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "shm_cases.hpp"
@@ -137,4 +139,26 @@ TEST_CASE("shm hierarchical: ranks that split the same elements into different t
   for (std::size_t i = 0; i < all.size(); ++i) {
     REQUIRE(all[i] == static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2));
   }
+}
+
+TEST_CASE("shm hierarchical: across nodes over sockets, an allreduce runs while the caller goes on",
+          "[shm][hierarchical]") {
+  // Every rank its own node. Rank 1 arrives a second late: rank 0's call returns at once with a
+  // pending work, which completes with the right values once rank 1 is there.
+  std::vector<int> labels(static_cast<std::size_t>(world_size()));
+  for (std::size_t r = 0; r < labels.size(); ++r) labels[r] = static_cast<int>(r);
+  auto comm = ddp::shm::mpi::world({.node_of_rank = labels});
+  if (comm.size() < 2) return;
+  std::vector<float> v(100000, static_cast<float>(comm.rank() + 1));
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  ddp::work w = comm.allreduce(v, ddp::reduce_op::sum);
+  const auto returned = std::chrono::steady_clock::now() - start;
+  if (comm.rank() == 0) {
+    CHECK(returned < std::chrono::milliseconds(500));
+    CHECK_FALSE(w.test());  // rank 1 is still asleep
+  }
+  w.wait();
+  const int n = comm.size();
+  for (float x : v) REQUIRE(x == static_cast<float>(n * (n + 1) / 2));
 }

@@ -4,9 +4,11 @@
 /// through shared memory among the ranks of a node and, across nodes, over one leader per node.
 ///
 /// Wrap any ddp communicator and hand the result to any component in its place; allreduce takes
-/// the shared-memory path, every other collective is forwarded unchanged. Completion is
-/// synchronous and every rank ends with the same bits. The algorithm, why it is synchronous,
-/// failures and threads: docs/shm-allreduce.md.
+/// the shared-memory path, every other collective is forwarded unchanged. On one node an
+/// allreduce completes in the call; across nodes over sockets (the default) it runs on a thread of
+/// the communicator's, in call order, so its network time overlaps the caller's work. Every rank
+/// ends with the same bits. The algorithm, when it completes, failures and threads:
+/// docs/shm-allreduce.md.
 
 #include <algorithm>
 #include <array>
@@ -35,6 +37,7 @@
 #include <ddp/net/ring.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/shm/arena.hpp>
+#include <ddp/shm/job_queue.hpp>
 #include <ddp/shm/layout.hpp>
 #include <ddp/shm/node_engine.hpp>
 #include <ddp/shm/options.hpp>
@@ -156,12 +159,13 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   [[nodiscard]] int size() const { return inner_.size(); }
 
   /// In-place allreduce of `tensors` (one coalesced call; dtypes may differ), through shared
-  /// memory. Complete on return (see the file comment).
+  /// memory. Complete on return on one node; across nodes over sockets, when the work completes
+  /// (see the file comment).
   work allreduce(std::span<const tensor_view> tensors, reduce_op op) { return reduce(tensors, op, 1.0); }
 
   /// In-place sum of `tensors` in which every rank's floating-point values are multiplied by
   /// `factor` on their way into shared memory (the averaging rule of ddp/average.hpp, with no pass
-  /// of its own); integer tensors are summed as they are. Complete on return.
+  /// of its own); integer tensors are summed as they are. Completes as `allreduce` does.
   work allreduce_premul_sum(std::span<const tensor_view> tensors, double factor) {
     return reduce(tensors, reduce_op::sum, factor);
   }
@@ -188,13 +192,21 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
       for (const tensor_view& t : tensors) ddp::detail::scale_in_place(t.type, t.data, t.count, factor);
       return work::ready();
     }
+    if (s_->queue) {  // several nodes over sockets: on the queue's thread, in call order
+      auto status = s_->queue->push(
+          [st = s_.get(), views = std::vector<tensor_view>(tensors.begin(), tensors.end()), op, info, factor] {
+            if (st->broken.load()) {
+              throw communication_error(st->rank, info.describe(), "an earlier allreduce of this communicator failed");
+            }
+            run_or_break(*st, nullptr, views, op, info, factor);
+          });
+      return work(std::make_unique<detail::queued_job>(info, std::move(status)));
+    }
     try {
-      run(tensors, op, info, factor);
+      run_or_break(*s_, leaders_ ? &*leaders_ : nullptr, tensors, op, info, factor);
     } catch (const usage_error&) {
       throw;
     } catch (...) {
-      s_->broken = true;
-      if (s_->engine) s_->engine->abort(2);
       return work::failed(std::current_exception());
     }
     return work::ready();
@@ -220,7 +232,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     }
     inner_.abort();
     if (leaders_) leaders_->abort();
-    if (ring_) ring_->abort();
+    if (s_ && s_->ring) s_->ring->abort();
   }
 
   /// Releases the segment now, collectively over the node where the backing needs it (an MPI
@@ -228,6 +240,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   /// throw `usage_error`; the forwarded collectives keep working.
   void close() {
     live("shm::communicator::close");
+    if (s_->queue) s_->queue->drain();
     std::lock_guard lk(s_->mutex);
     if (s_->pool && s_->pool->used() > 0) {
       throw usage_error(rank(), "shm::communicator::close",
@@ -281,7 +294,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   /// The inter-node step this rank takes as a node leader (`options().inter_node`), or nullopt
   /// when it takes none (one node, or not a leader).
   [[nodiscard]] std::optional<across_nodes> inter_node() const noexcept {
-    if (ring_) return across_nodes::sockets;
+    if (s_ && s_->ring) return across_nodes::sockets;
     if (leaders_) return across_nodes::leaders_communicator;
     return std::nullopt;
   }
@@ -300,6 +313,25 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     std::mutex mutex;
     std::atomic<bool> broken{false};
     std::uint64_t seq = 0;
+    int rank = 0;
+    int size = 1;
+    std::optional<net::ring> ring;             // on node leaders with inter_node == sockets
+    std::vector<std::byte> ring_staging;       // packs a group of several tensors for the ring
+    std::unique_ptr<detail::job_queue> queue;  // several nodes over sockets; destroyed first
+
+    state() = default;
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    // Allreduces still queued when the communicator goes: fail them fast rather than let them
+    // wait for peers until the timeout, then stop the queue's thread.
+    ~state() {
+      if (queue && !queue->idle()) {
+        broken = true;
+        if (engine) engine->abort(1);
+        if (ring) ring->abort();
+      }
+      queue.reset();
+    }
   };
 
   void live(const char* what) const {
@@ -342,7 +374,13 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     s_->topology = std::move(parts.topology);
     s_->shared = std::move(parts.shared);
     leaders_ = std::move(parts.leaders);
-    ring_ = std::move(parts.ring);
+    s_->ring = std::move(parts.ring);
+    s_->rank = inner_.rank();
+    s_->size = inner_.size();
+    // The inter-node step over sockets leaves MPI alone: it can run on a thread of its own.
+    if (s_->topology.nodes > 1 && s_->opts.inter_node == across_nodes::sockets) {
+      s_->queue = std::make_unique<detail::job_queue>();
+    }
     const node_topology& t = s_->topology;
     if (s_->shared) {
       // More ranks than CPUs: the peer a rank waits for may need this very core, so never spin.
@@ -370,7 +408,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   }
 
   // One group per dtype (in dtype order, which every rank derives from the same call).
-  std::vector<tensor_group> groups_of(std::span<const tensor_view> tensors) const {
+  static std::vector<tensor_group> groups_of(const state& st, std::span<const tensor_view> tensors) {
     std::array<tensor_group, dtype_count> by_type{};
     for (const tensor_view& t : tensors) {
       if (t.count == 0) continue;
@@ -381,56 +419,72 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     std::vector<tensor_group> out;
     for (auto& g : by_type) {
       if (g.total == 0) continue;
-      if (g.parts.size() == 1 && s_->shared && s_->pool && s_->pool->contains(g.parts[0].data, g.parts[0].bytes())) {
-        g.zero_copy_offset = static_cast<std::size_t>(g.parts[0].byte_data() - s_->shared->data());
+      if (g.parts.size() == 1 && st.shared && st.pool && st.pool->contains(g.parts[0].data, g.parts[0].bytes())) {
+        g.zero_copy_offset = static_cast<std::size_t>(g.parts[0].byte_data() - st.shared->data());
       }
       out.push_back(std::move(g));
     }
     return out;
   }
 
-  void run(std::span<const tensor_view> tensors, reduce_op op, const op_info& info, double factor) {
-    const clock::time_point deadline = clock::now() + s_->opts.timeout;
-    const node_topology& t = s_->topology;
-    const auto groups = groups_of(tensors);
-    const std::int64_t world = size();
+  // Runs the allreduce; a failure marks the communicator broken (peers in shared memory fail at
+  // once) and propagates.
+  static void run_or_break(state& st, Cross* leaders, std::span<const tensor_view> tensors, reduce_op op,
+                           const op_info& info, double factor) {
+    try {
+      run(st, leaders, tensors, op, info, factor);
+    } catch (const usage_error&) {
+      throw;
+    } catch (...) {
+      st.broken = true;
+      if (st.engine) st.engine->abort(2);
+      throw;
+    }
+  }
+
+  static void run(state& st, Cross* leaders, std::span<const tensor_view> tensors, reduce_op op, const op_info& info,
+                  double factor) {
+    const clock::time_point deadline = clock::now() + st.opts.timeout;
+    const node_topology& t = st.topology;
+    const auto groups = groups_of(st, tensors);
+    const std::int64_t world = st.size;
     if (t.nodes == 1) {
       for (std::size_t k = 0; k < groups.size(); ++k) {
-        s_->engine->run(node_phase::allreduce, groups[k], static_cast<std::uint32_t>(k), op,
-                        op == reduce_op::avg ? world : 1, info, deadline, factor);
+        st.engine->run(node_phase::allreduce, groups[k], static_cast<std::uint32_t>(k), op,
+                       op == reduce_op::avg ? world : 1, info, deadline, factor);
       }
       return;
     }
     // Several nodes: reduce to the leader, leaders allreduce, broadcast from the leader.
     const reduce_op partial = op == reduce_op::avg ? reduce_op::sum : op;
-    if (!s_->engine) {  // alone on its node: nobody stages this rank's input, so scale it here
+    if (!st.engine) {  // alone on its node: nobody stages this rank's input, so scale it here
       for (const auto& g : groups) {
         for (const tensor_view& p : g.parts) ddp::detail::scale_in_place(p.type, p.data, p.count, factor);
       }
     } else {
       for (std::size_t k = 0; k < groups.size(); ++k) {
-        s_->engine->run(node_phase::reduce_to_leader, groups[k], static_cast<std::uint32_t>(k), partial, 1, info,
-                        deadline, factor);
+        st.engine->run(node_phase::reduce_to_leader, groups[k], static_cast<std::uint32_t>(k), partial, 1, info,
+                       deadline, factor);
       }
     }
     if (t.is_leader()) {
       std::vector<tensor_view> parts;
       for (const auto& g : groups) parts.insert(parts.end(), g.parts.begin(), g.parts.end());
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      if (ring_) {
-        const net::context ctx{rank(), info.describe()};
-        for (const auto& g : groups) ring_allreduce(g, partial, deadline, ctx);
+      if (st.ring) {
+        const net::context ctx{st.rank, info.describe()};
+        for (const auto& g : groups) ring_allreduce(st, g, partial, deadline, ctx);
       } else {
-        leaders_->allreduce(std::span<const tensor_view>(parts), partial)
+        leaders->allreduce(std::span<const tensor_view>(parts), partial)
             .wait_for(std::max(left, std::chrono::milliseconds(1)));
       }
       if (op == reduce_op::avg) {
         for (const auto& p : parts) ddp::detail::divide_in_place(p.type, p.data, p.count, world);
       }
     }
-    if (s_->engine) {
+    if (st.engine) {
       for (std::size_t k = 0; k < groups.size(); ++k) {
-        s_->engine->run(node_phase::broadcast, groups[k], static_cast<std::uint32_t>(k), op, 1, info, deadline);
+        st.engine->run(node_phase::broadcast, groups[k], static_cast<std::uint32_t>(k), op, 1, info, deadline);
       }
     }
   }
@@ -438,23 +492,22 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   // One dtype's tensors over the sockets ring, as one sequence: ranks may split the same
   // elements into different tensors (a gradient moved out of its bucket on one rank only), so a
   // group of several tensors travels packed.
-  void ring_allreduce(const tensor_group& g, reduce_op op, clock::time_point deadline, const net::context& ctx) {
-    if (g.parts.size() == 1) return ring_->allreduce(g.parts[0], op, deadline, ctx);
+  static void ring_allreduce(state& st, const tensor_group& g, reduce_op op, clock::time_point deadline,
+                             const net::context& ctx) {
+    if (g.parts.size() == 1) return st.ring->allreduce(g.parts[0], op, deadline, ctx);
     const std::size_t width = size_of(g.type);
-    ring_staging_.resize(g.total * width);
+    st.ring_staging.resize(g.total * width);
     for (std::size_t k = 0; k < g.parts.size(); ++k) {
-      std::memcpy(ring_staging_.data() + g.starts[k] * width, g.parts[k].data, g.parts[k].bytes());
+      std::memcpy(st.ring_staging.data() + g.starts[k] * width, g.parts[k].data, g.parts[k].bytes());
     }
-    ring_->allreduce(tensor_view(ring_staging_.data(), g.total, g.type), op, deadline, ctx);
+    st.ring->allreduce(tensor_view(st.ring_staging.data(), g.total, g.type), op, deadline, ctx);
     for (std::size_t k = 0; k < g.parts.size(); ++k) {
-      std::memcpy(g.parts[k].data, ring_staging_.data() + g.starts[k] * width, g.parts[k].bytes());
+      std::memcpy(g.parts[k].data, st.ring_staging.data() + g.starts[k] * width, g.parts[k].bytes());
     }
   }
 
   Inner inner_;
   std::optional<Cross> leaders_;
-  std::vector<std::byte> ring_staging_;  // packs a group of several tensors for the ring
-  std::optional<net::ring> ring_;        // on node leaders with inter_node == sockets
   std::unique_ptr<state> s_;
 };
 
