@@ -128,11 +128,11 @@ TEST_CASE("shm hierarchical: ranks that split the same elements into different t
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>((i % 7) + static_cast<std::size_t>(rank));
   std::vector<ddp::tensor_view> views;
   if (rank == 0) {
-    views = {ddp::tensor_view(all.data(), 1000, ddp::dtype::f32),
-             ddp::tensor_view(all.data() + 1000, 1, ddp::dtype::f32),
-             ddp::tensor_view(all.data() + 1001, 1999, ddp::dtype::f32)};
+    views = {ddp::tensor_view{all.data(), 1000, ddp::dtype::f32},
+             ddp::tensor_view{all.data() + 1000, 1, ddp::dtype::f32},
+             ddp::tensor_view{all.data() + 1001, 1999, ddp::dtype::f32}};
   } else {
-    views = {ddp::tensor_view(all.data(), all.size(), ddp::dtype::f32)};
+    views = {ddp::tensor_view{all.data(), all.size(), ddp::dtype::f32}};
   }
   comm.allreduce(std::span<const ddp::tensor_view>(views), ddp::reduce_op::sum).wait();
   const int n = comm.size();

@@ -30,8 +30,8 @@ ddp::net::ring connect_ring(ddp::local::communicator& c, std::vector<ddp::net::r
   const auto allgather = [&](const ddp::net::ring_record& mine) {
     std::vector<ddp::net::ring_record> all(static_cast<std::size_t>(c.size()));
     ddp::net::ring_record in = mine;
-    c.allgather(ddp::tensor_view(&in, sizeof in, ddp::dtype::u8),
-                ddp::tensor_view(all.data(), sizeof mine * all.size(), ddp::dtype::u8))
+    c.allgather(ddp::tensor_view{&in, sizeof in, ddp::dtype::u8},
+                ddp::tensor_view{all.data(), sizeof mine * all.size(), ddp::dtype::u8})
         .wait();
     if (seen) *seen = all;
     return all;
@@ -86,7 +86,7 @@ TEST_CASE("net::ring: a member that aborts fails the others' allreduce, naming t
     }
     std::string got = "no exception";
     try {
-      ring.allreduce(ddp::tensor_view(v.data(), v.size(), ddp::dtype::f32), ddp::reduce_op::sum, start + 20s,
+      ring.allreduce(ddp::tensor_view{v.data(), v.size(), ddp::dtype::f32}, ddp::reduce_op::sum, start + 20s,
                      {c.rank(), "allreduce #7"});
     } catch (const ddp::communication_error& e) {
       got = e.what();
@@ -99,7 +99,7 @@ TEST_CASE("net::ring: a member that aborts fails the others' allreduce, naming t
     // Broken for good: the next call says so at once.
     std::string again = "no exception";
     try {
-      ring.allreduce(ddp::tensor_view(v.data(), 4, ddp::dtype::f32), ddp::reduce_op::sum, start + 20s,
+      ring.allreduce(ddp::tensor_view{v.data(), 4, ddp::dtype::f32}, ddp::reduce_op::sum, start + 20s,
                      {c.rank(), "allreduce #8"});
     } catch (const ddp::communication_error& e) {
       again = e.what();
@@ -119,7 +119,7 @@ TEST_CASE("net::ring: a member that never calls makes the others time out at the
     const auto start = ddp::net::clock::now();
     std::string got = "no exception";
     try {
-      ring.allreduce(ddp::tensor_view(v.data(), v.size(), ddp::dtype::f32), ddp::reduce_op::sum, start + 500ms,
+      ring.allreduce(ddp::tensor_view{v.data(), v.size(), ddp::dtype::f32}, ddp::reduce_op::sum, start + 500ms,
                      {c.rank(), "allreduce #3"});
     } catch (const ddp::timeout_error& e) {
       got = e.what();
@@ -141,8 +141,8 @@ TEST_CASE("net::ring: a stranger that connects first is turned away; the ring st
     const auto allgather = [&](const ddp::net::ring_record& mine) {
       std::vector<ddp::net::ring_record> all(2);
       ddp::net::ring_record in = mine;
-      c.allgather(ddp::tensor_view(&in, sizeof in, ddp::dtype::u8),
-                  ddp::tensor_view(all.data(), sizeof mine * 2, ddp::dtype::u8))
+      c.allgather(ddp::tensor_view{&in, sizeof in, ddp::dtype::u8},
+                  ddp::tensor_view{all.data(), sizeof mine * 2, ddp::dtype::u8})
           .wait();
       if (c.rank() == 0) {
         const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -162,7 +162,7 @@ TEST_CASE("net::ring: a stranger that connects first is turned away; the ring st
     ddp::net::ring ring =
         ddp::net::ring::connect(c.rank(), 2, allgather, "", ddp::net::clock::now() + 10s, {c.rank(), "test: connect"});
     std::vector<double> v(1000, c.rank() + 1.0);
-    ring.allreduce(ddp::tensor_view(v.data(), v.size(), ddp::dtype::f64), ddp::reduce_op::sum,
+    ring.allreduce(ddp::tensor_view{v.data(), v.size(), ddp::dtype::f64}, ddp::reduce_op::sum,
                    ddp::net::clock::now() + 10s, {c.rank(), "allreduce #1"});
     for (double x : v) SUITE_EXPECT(x == 3.0, "got " << x);
   });

@@ -74,7 +74,7 @@ template <ddp::communicator Cross>
     std::vector<net::ring_record> all(static_cast<std::size_t>(leaders.size()));
     net::ring_record in = mine;
     leaders
-        .allgather(tensor_view(&in, sizeof in, dtype::u8), tensor_view(all.data(), sizeof in * all.size(), dtype::u8))
+        .allgather(tensor_view{&in, sizeof in, dtype::u8}, tensor_view{all.data(), sizeof in * all.size(), dtype::u8})
         .wait();
     return all;
   };
@@ -500,7 +500,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     for (std::size_t k = 0; k < g.parts.size(); ++k) {
       std::memcpy(st.ring_staging.data() + g.starts[k] * width, g.parts[k].data, g.parts[k].bytes());
     }
-    st.ring->allreduce(tensor_view(st.ring_staging.data(), g.total, g.type), op, deadline, ctx);
+    st.ring->allreduce(tensor_view{st.ring_staging.data(), g.total, g.type}, op, deadline, ctx);
     for (std::size_t k = 0; k < g.parts.size(); ++k) {
       std::memcpy(g.parts[k].data, st.ring_staging.data() + g.starts[k] * width, g.parts[k].bytes());
     }
