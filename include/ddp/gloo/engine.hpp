@@ -250,8 +250,9 @@ class engine {
       }
 
       lk.lock();
-      if (interrupted_) {
-        // Whatever gloo returned: its waits were cut short, the buffers may hold anything.
+      if (interrupted_ && !is_timeout(error)) {
+        // Whatever gloo returned: its waits were cut short, the buffers may hold anything. (A
+        // timeout stays one: gloo closes a pair that timed out, which the monitor may see first.)
         std::string why = interrupt_reason_;
         if (error) why += "; then: " + bare_message(error);
         error = std::make_exception_ptr(communication_error(rank_, op->info.describe(), why));
@@ -302,6 +303,17 @@ class engine {
                   " ran (a peer died, failed or aborted)");
         lk.lock();
       }
+    }
+  }
+
+  static bool is_timeout(const std::exception_ptr& e) noexcept {
+    if (!e) return false;
+    try {
+      std::rethrow_exception(e);
+    } catch (const timeout_error&) {
+      return true;
+    } catch (...) {
+      return false;
     }
   }
 
