@@ -63,6 +63,8 @@ for rate in sorted({r[1] for r in rows if r[1] != "none"}):
     t1 = sum(x * t for x, _, t in xs); t2 = sum(y * t for _, y, t in xs)
     det = s11 * s22 - s12 * s12
     a = (t1 * s22 - t2 * s12) / det; beta = (s11 * t2 - s12 * t1) / det
+    if a < 0:  # tbf's burst lets a small message through faster than the rate: no latency to fit
+        a, beta = 0.0, t2 / s22
     print("# %s: alpha %.1f us, bandwidth %.1f MB/s" % (rate, a, 1 / beta))
     for r in rows:
         if r[1] != rate: continue

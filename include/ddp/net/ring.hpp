@@ -35,16 +35,18 @@ namespace ddp::net {
 
 /// What each member publishes before the ring connects (a fixed-size record, allgathered).
 struct ring_record {
-  static constexpr std::uint32_t magic_value = 0x64647052;  // "ddpR"
-  static constexpr std::size_t max_addresses = 8;
-  std::uint32_t magic = magic_value;
-  std::uint32_t index = 0;
-  std::uint64_t token = 0;  ///< random; the ring's token is the XOR of all members' tokens
-  std::uint16_t port = 0;
-  std::uint16_t addresses = 0;
+  static constexpr std::uint32_t magic_value = 0x64647052;  ///< "ddpR": a ring's record or greeting
+  static constexpr std::size_t max_addresses = 8;           ///< addresses a record carries at most
+  std::uint32_t magic = magic_value;                        ///< `magic_value`
+  std::uint32_t index = 0;                                  ///< the member's index in the ring
+  std::uint64_t token = 0;                             ///< random; the ring's token is the XOR of all members' tokens
+  std::uint16_t port = 0;                              ///< the member's listening port
+  std::uint16_t addresses = 0;                         ///< entries of `address` in use
   std::array<std::uint32_t, max_addresses> address{};  ///< IPv4, network byte order
 };
 
+/// A TCP ring among node leaders (see the file comment). Move-only; a default-constructed or
+/// one-member ring has nothing to do.
 class ring {
  public:
   /// Connects member `index` of `count` into the ring. `allgather(record)` must return every
@@ -102,15 +104,19 @@ class ring {
     return r;
   }
 
+  /// A ring of one member (no connections).
   ring() : s_(std::make_unique<state>()) {}
+  /// Takes over the connections and the sending thread.
   ring(ring&&) noexcept = default;
+  /// Takes over the connections and the sending thread.
   ring& operator=(ring&&) noexcept = default;
   ~ring() {
     if (s_) s_->stop();
   }
 
-  /// This member's index and the member count.
+  /// This member's index.
   [[nodiscard]] int index() const noexcept { return s_->index; }
+  /// The member count.
   [[nodiscard]] int count() const noexcept { return s_->count; }
 
   /// Allreduces `region` (host memory) in place among the members, before `deadline`. Every

@@ -29,6 +29,7 @@
 
 namespace ddp::net {
 
+/// The clock of every deadline here.
 using clock = std::chrono::steady_clock;
 
 /// Who is asking and what for: the rank and operation that errors name.
@@ -56,7 +57,9 @@ class socket_fd {
   socket_fd() = default;
   /// Takes ownership of `fd` (-1: none).
   explicit socket_fd(int fd) noexcept : fd_(fd) {}
+  /// Takes over `o`'s descriptor.
   socket_fd(socket_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  /// Closes this one's descriptor, then takes over `o`'s.
   socket_fd& operator=(socket_fd&& o) noexcept {
     if (this != &o) {
       reset();
