@@ -51,8 +51,9 @@ TEST_CASE("net::ring: every dtype and operator on 2-4 members, the same bits on 
       for (ddp::dtype t : suite::all_dtypes()) {
         const std::size_t per_segment = segment / ddp::size_of(t);
         std::vector<std::size_t> counts{1, 7, std::size_t(3 * c.size() + 1), per_segment + 13};
-        // Blocks of two segments and more: for one wide, one narrow and one integer dtype.
-        if (t == ddp::dtype::f32 || t == ddp::dtype::bf16 || t == ddp::dtype::i64) {
+        // Blocks of two segments and more (the segmenting is dtype-blind): a float and an integer
+        // dtype, small enough for the sanitizer builds at -O0.
+        if (t == ddp::dtype::f32 || t == ddp::dtype::i64) {
           counts.push_back(2 * per_segment * static_cast<std::size_t>(c.size()) + 5);
         }
         for (std::size_t count : counts) {
