@@ -1,14 +1,16 @@
 // Does the Bucketer hide communication behind the backward pass?
 //
-//   mpiexec -n 2 overlap_bench [--shapes resnet50.txt] [--iters 10] [--world] [--csv FILE]
+//   mpiexec -n 2 overlap_bench [--shapes resnet50.txt] [--iters 10] [--world] [--slow-link-cap-mb 4] [--csv FILE]
 //
 // Table 1, no compute: one allreduce of all gradient bytes (the practical limit), one allreduce
 // per tensor, the Bucketer (default policy, copy path) and the Bucketer zero-copy.
 // Table 2, a simulated backward pass: gradients become ready one by one, last layer first, each
 // after busy compute proportional to its size, the whole pass taking `scale` times the flat
 // allreduce's time. The step time is compared with max(compute, flat allreduce): 1.0 means the
-// communication is completely hidden (or the compute is), the target is under 1.2. The last
-// columns add the Bucketer's optional progress thread (bucketer_options::progress_interval).
+// communication is completely hidden (or the compute is), the target is under 1.2. Rows: the
+// copy path, zero-copy, zero-copy with the Bucketer's optional progress thread
+// (bucketer_options::progress_interval), then the layouts for slow links: buckets of at most
+// --slow-link-cap-mb (default 4), plain and tapered (bucketing::small_bucket::tapered).
 #include <mpi.h>
 
 #include <algorithm>
@@ -61,17 +63,33 @@ void run(Comm& comm, const bench::cli& args, const std::string& path) {
     for (auto n : counts) g.emplace_back(n, 1.0f);
     std::vector<float> flat(total, 1.0f);
 
+    // The layouts for slow links (docs/bucketer.md, "Across slow links"): small buckets, so that
+    // communication trails the backward pass by little; tapered, so that it starts early and
+    // little of it is left after the backward pass.
+    const std::size_t slow_cap = static_cast<std::size_t>(args.int_or("--slow-link-cap-mb", 4)) << 20;
+    const ddp::bucketing::size_capped small_buckets{.cap_bytes = slow_cap};
+    const ddp::bucketing::size_capped tapered{.cap_bytes = slow_cap, .small_at = ddp::small_bucket::tapered};
+    const auto thread = std::chrono::microseconds(200);
     ddp::Bucketer copy_path(comm);
     ddp::Bucketer zero_copy(comm, {}, {.zero_copy = true});
-    ddp::Bucketer threaded(comm, {}, {.zero_copy = true, .progress_interval = std::chrono::microseconds(200)});
+    ddp::Bucketer threaded(comm, {}, {.zero_copy = true, .progress_interval = thread});
+    ddp::Bucketer small_zero_copy(comm, small_buckets, {.zero_copy = true});
+    ddp::Bucketer tapered_zero_copy(comm, tapered, {.zero_copy = true});
+    ddp::Bucketer tapered_threaded(comm, tapered, {.zero_copy = true, .progress_interval = thread});
     for (auto& x : g) {
       copy_path.add(x);
       zero_copy.add(x);  // zero-copy: the gradients live in zero_copy's buckets; x only gives the shape
       threaded.add(x);
+      small_zero_copy.add(x);
+      tapered_zero_copy.add(x);
+      tapered_threaded.add(x);
     }
     copy_path.build();
     zero_copy.build();
     threaded.build();
+    small_zero_copy.build();
+    tapered_zero_copy.build();
+    tapered_threaded.build();
 
     // Runs `f` `iters` times (after one warm-up), returns the median of the slowest rank's time.
     auto measure = [&](auto&& f) {
@@ -110,22 +128,23 @@ void run(Comm& comm, const bench::cli& args, const std::string& path) {
     sync.add({std::string("(4) Bucketer, zero-copy"), static_cast<std::int64_t>(zero_copy.layout().size()), t_zero,
               t_zero / t_flat});
 
-    bench::table overlap({{"compute / flat"},
-                          {"compute ms", 2},
-                          {"step ms (copy)", 2},
-                          {"ratio (copy)", 2},
-                          {"step ms (zero-copy)", 2},
-                          {"ratio (zero-copy)", 2},
-                          {"step ms (zero-copy + progress thread)", 2},
-                          {"ratio (+ thread)", 2}});
+    bench::table overlap({{"compute / flat", 1}, {"Bucketer"}, {"buckets"}, {"compute ms", 2}, {"step ms", 2}, {"ratio", 2}});
     for (double scale : {0.5, 1.0, 2.0}) {
       const auto compute = std::chrono::nanoseconds(static_cast<long>(scale * t_flat * 1e6));
       const double t_compute = measure([&] { spin_for(compute); });
-      const double s_copy = measure([&] { bucketer_step(copy_path, compute); });
-      const double s_zero = measure([&] { bucketer_step(zero_copy, compute); });
-      const double s_thread = measure([&] { bucketer_step(threaded, compute); });
       const double bound = std::max(t_compute, t_flat);
-      overlap.add({scale, t_compute, s_copy, s_copy / bound, s_zero, s_zero / bound, s_thread, s_thread / bound});
+      auto row = [&](const std::string& what, auto& b) {
+        const double step = measure([&] { bucketer_step(b, compute); });
+        overlap.add({scale, what, static_cast<std::int64_t>(b.layout().size()), t_compute, step,
+                     step / bound});
+      };
+      row("copy (default)", copy_path);
+      row("zero-copy", zero_copy);
+      row("zero-copy + progress thread", threaded);
+      const std::string cap = std::to_string(slow_cap >> 20) + " MiB";
+      row("zero-copy, " + cap, small_zero_copy);
+      row("zero-copy, " + cap + " tapered", tapered_zero_copy);
+      row("zero-copy, " + cap + " tapered + progress thread", tapered_threaded);
     }
     if (rank == 0) {
       std::cout << "Gradient synchronisation over " << path << ", " << counts.size() << " tensors, "
@@ -155,6 +174,7 @@ int main(int argc, char** argv) {
         argc, argv, "Bucketer overlap with a simulated backward pass (mpiexec -n 2)",
         {{"--shapes", "FILE", "parameter shapes (default: 24 small tensors)"},
          {"--iters", "N", "measured iterations per row (default 10)"},
+         {"--slow-link-cap-mb", "N", "bucket cap of the slow-link rows (default 4)"},
          {"--world", "", "over ddp::world (shared memory in a host, sockets between hosts), not ddp::mpi"}});
     if (args.has("--help")) {
       if (rank == 0) args.print_help(std::cout);

@@ -52,6 +52,9 @@ struct bucket_layout {
 enum class small_bucket : unsigned char {
   first,  ///< launched first: communication starts as early as possible (PyTorch after its rebuild)
   last,   ///< launched last: the tail of the backward pass waits for as little as possible
+  /// Small at both ends, buckets doubling towards the middle up to the cap: communication starts
+  /// early and little is left after the backward pass (slow links; docs/bucketer.md).
+  tapered,
 };
 
 /// A layout policy: copyable, with `bucket_layout layout(std::span<const gradient_info>) const`.
@@ -175,6 +178,53 @@ inline bucket_layout assign_by_size(std::span<const gradient_info> grads, std::s
   std::sort(tails.begin(), tails.end(),
             [&](const auto& a, const auto& b) { return position[a.back()] < position[b.back()]; });
   for (auto& t : tails) out.buckets.push_back(std::move(t));
+  return out;
+}
+
+
+/// The tapered grouping (`small_bucket::tapered`): per (dtype, device), in `order`, buckets are
+/// cut from both ends at once, each end's limits doubling from `small` up to `cap`, the end with
+/// the smaller limit cutting next, so the two ends meet at the cap. Buckets are returned in the
+/// order they become ready (the position of their last gradient in `order`): launch order.
+inline bucket_layout assign_tapered(std::span<const gradient_info> grads, std::span<const std::size_t> order,
+                                    std::size_t small, std::size_t cap) {
+  std::vector<std::vector<std::size_t>> groups;  // `order` split by (dtype, device), order kept
+  for (std::size_t i : order) {
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return grads[g.front()].type == grads[i].type && grads[g.front()].where == grads[i].where;
+    });
+    if (same == groups.end()) {
+      groups.push_back({i});
+    } else {
+      same->push_back(i);
+    }
+  }
+  const auto grow = [cap](std::size_t limit) { return std::min(cap, std::max<std::size_t>(limit, 1) * 2); };
+  bucket_layout out;
+  for (const auto& g : groups) {
+    std::vector<std::vector<std::size_t>> front, back;
+    std::size_t lo = 0, hi = g.size(), front_limit = std::min(small, cap), back_limit = front_limit;
+    while (lo < hi) {
+      std::vector<std::size_t> bucket;
+      std::size_t bytes = 0;
+      if (front_limit <= back_limit) {
+        while (lo < hi && bytes < front_limit) bytes += grads[bucket.emplace_back(g[lo++])].bytes();
+        front.push_back(std::move(bucket));
+        front_limit = grow(front_limit);
+      } else {
+        while (lo < hi && bytes < back_limit) bytes += grads[bucket.emplace_back(g[--hi])].bytes();
+        std::reverse(bucket.begin(), bucket.end());
+        back.push_back(std::move(bucket));
+        back_limit = grow(back_limit);
+      }
+    }
+    out.buckets.insert(out.buckets.end(), front.begin(), front.end());
+    out.buckets.insert(out.buckets.end(), back.rbegin(), back.rend());
+  }
+  std::vector<std::size_t> position(grads.size());
+  for (std::size_t p = 0; p < order.size(); ++p) position[order[p]] = p;
+  std::stable_sort(out.buckets.begin(), out.buckets.end(),
+                   [&](const auto& a, const auto& b) { return position[a.back()] < position[b.back()]; });
   return out;
 }
 

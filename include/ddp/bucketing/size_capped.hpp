@@ -15,7 +15,8 @@
 namespace ddp::bucketing {
 
 /// Policy: per (dtype, device), a bucket closes once it holds at least `cap_bytes`, except one
-/// small bucket of `small_bucket_bytes`, launched first or last per `small_at`. Never rebuilt.
+/// small bucket of `small_bucket_bytes`, launched first or last per `small_at` (`tapered`: small
+/// buckets at both ends, doubling towards the middle up to the cap). Never rebuilt.
 struct size_capped {
   std::size_t cap_bytes = std::size_t{25} << 20;          ///< PyTorch's bucket_cap_mb default
   std::size_t small_bucket_bytes = std::size_t{1} << 20;  ///< PyTorch's first-bucket default
@@ -27,6 +28,7 @@ struct size_capped {
     if (small_at == small_bucket::first) {
       return detail::assign_by_size(grads, order, small_bucket_bytes, cap_bytes);
     }
+    if (small_at == small_bucket::tapered) return detail::assign_tapered(grads, order, small_bucket_bytes, cap_bytes);
     // Small bucket last: group from the end of the order, then launch in the forward direction.
     std::vector<std::size_t> reversed(order.rbegin(), order.rend());
     bucket_layout l = detail::assign_by_size(grads, reversed, small_bucket_bytes, cap_bytes);
@@ -44,10 +46,11 @@ struct size_capped {
 
   /// Memberwise.
   friend bool operator==(const size_capped&, const size_capped&) = default;
-  /// "size_capped{cap_bytes=..., small_bucket_bytes=..., small_at=first|last}".
+  /// "size_capped{cap_bytes=..., small_bucket_bytes=..., small_at=first|last|tapered}".
   friend std::ostream& operator<<(std::ostream& os, const size_capped& p) {
+    constexpr const char* where[] = {"first", "last", "tapered"};
     return os << "size_capped{cap_bytes=" << p.cap_bytes << ", small_bucket_bytes=" << p.small_bucket_bytes
-              << ", small_at=" << (p.small_at == small_bucket::first ? "first" : "last") << "}";
+              << ", small_at=" << where[static_cast<int>(p.small_at)] << "}";
   }
 };
 

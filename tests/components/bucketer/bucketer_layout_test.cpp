@@ -4,6 +4,7 @@
 #include <ddp/bucketing/rebuild_once.hpp>
 #include <ddp/bucketing/size_capped.hpp>
 
+#include <algorithm>
 #include <sstream>
 
 namespace {
@@ -41,6 +42,34 @@ TEST_CASE("size_capped: small bucket last is an explicit choice", "[bucketing]")
   REQUIRE(l.size() == 3);
   CHECK(l.buckets.back() == std::vector<std::size_t>{0});  // the last to launch holds the last-ready gradient only
   CHECK(l.buckets.front() == std::vector<std::size_t>{4, 3});
+}
+
+TEST_CASE("size_capped: tapered cuts small buckets at both ends, doubling up to the cap", "[bucketing]") {
+  std::vector<std::pair<ddp::dtype, std::size_t>> shapes(10, {ddp::dtype::f32, 100});  // 400 bytes each
+  const auto g = grads_of(shapes);
+  const ddp::bucketing::size_capped p{.cap_bytes = 1600, .small_bucket_bytes = 400, .small_at = ddp::small_bucket::tapered};
+  using B = std::vector<std::vector<std::size_t>>;
+  // ready order 9..0; limits from the front 400, 800, 1600 and from the back 400, 800: they meet
+  CHECK(p.layout(g).buckets == B{{9}, {8, 7}, {6, 5, 4, 3}, {2, 1}, {0}});
+  std::ostringstream os;
+  os << p;
+  CHECK(os.str() == "size_capped{cap_bytes=1600, small_bucket_bytes=400, small_at=tapered}");
+
+  // Two dtypes interleaved: each tapers on its own; every gradient once; launch order = ready order.
+  std::vector<std::pair<ddp::dtype, std::size_t>> mixed;
+  for (int i = 0; i < 12; ++i) mixed.emplace_back(i % 3 == 0 ? ddp::dtype::f16 : ddp::dtype::f32, 100 + 50 * i);
+  const auto m = grads_of(mixed);
+  const auto l = p.layout(m);
+  CHECK_FALSE(ddp::detail::validate_layout(l, m).has_value());
+  std::vector<int> seen(m.size(), 0);
+  std::size_t last_ready = 0;
+  for (const auto& bucket : l.buckets) {
+    for (std::size_t i : bucket) ++seen[i];
+    const std::size_t ready = m.size() - 1 - *std::min_element(bucket.begin(), bucket.end());  // order is 11..0
+    CHECK(ready >= last_ready);
+    last_ready = ready;
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
 }
 
 TEST_CASE("size_capped: dtypes never mix; a bucket overshoots the cap by at most one gradient", "[bucketing]") {
