@@ -128,15 +128,15 @@ void run(Comm& comm, const bench::cli& args, const std::string& path) {
     sync.add({std::string("(4) Bucketer, zero-copy"), static_cast<std::int64_t>(zero_copy.layout().size()), t_zero,
               t_zero / t_flat});
 
-    bench::table overlap({{"compute / flat", 1}, {"Bucketer"}, {"buckets"}, {"compute ms", 2}, {"step ms", 2}, {"ratio", 2}});
+    bench::table overlap(
+        {{"compute / flat", 1}, {"Bucketer"}, {"buckets"}, {"compute ms", 2}, {"step ms", 2}, {"ratio", 2}});
     for (double scale : {0.5, 1.0, 2.0}) {
       const auto compute = std::chrono::nanoseconds(static_cast<long>(scale * t_flat * 1e6));
       const double t_compute = measure([&] { spin_for(compute); });
       const double bound = std::max(t_compute, t_flat);
       auto row = [&](const std::string& what, auto& b) {
         const double step = measure([&] { bucketer_step(b, compute); });
-        overlap.add({scale, what, static_cast<std::int64_t>(b.layout().size()), t_compute, step,
-                     step / bound});
+        overlap.add({scale, what, static_cast<std::int64_t>(b.layout().size()), t_compute, step, step / bound});
       };
       row("copy (default)", copy_path);
       row("zero-copy", zero_copy);

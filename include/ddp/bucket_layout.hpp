@@ -181,7 +181,6 @@ inline bucket_layout assign_by_size(std::span<const gradient_info> grads, std::s
   return out;
 }
 
-
 /// The tapered grouping (`small_bucket::tapered`): per (dtype, device), in `order`, buckets are
 /// cut from both ends at once, each end's limits doubling from `small` up to `cap`, the end with
 /// the smaller limit cutting next, so the two ends meet at the cap. Buckets are returned in the

@@ -179,14 +179,15 @@ void one_strategy(ddp::communicator_ref comm, S strategy, path p, bool communica
   for (std::size_t k = 0; k < bufs.size(); ++k) {
     const ddp::tensor_view v = buffers.view(ids[k]);
     for (std::size_t i = 0; i < v.count; ++i) {
-      expect_close(get(v, i), communicates ? want(v.type, i) : value(rank, i), v.type,
-                   where + ", buffer #" + std::to_string(ids[k]) + " i=" + std::to_string(i));
+      expect_close(get(v, i), communicates ? want(v.type, i) : value(rank, i), v.type, [&] {
+        return std::string(where + ", buffer #" + std::to_string(ids[k]) + " i=" + std::to_string(i));
+      });
     }
   }
   for (auto& vec : vecs) {
     for (std::size_t i = 0; i < vec.size(); ++i) {
       expect_close(vec[i], communicates ? want(ddp::dtype::f32, i) : value(rank, i), ddp::dtype::f32,
-                   where + ", container i=" + std::to_string(i));
+                   [&] { return std::string(where + ", container i=" + std::to_string(i)); });
     }
   }
   const auto& s = buffers.stats();
@@ -687,9 +688,10 @@ inline void join_every_strategy(ddp::communicator_ref comm) {
         const ddp::tensor_view v = buffers.view(it.id);
         for (std::size_t i = 0; i < v.count; ++i) {
           const double want = it.reduce ? expected_over(it.op, v.type, training, i, it.divisor) : value(it.root, i);
-          expect_close(get(v, i), want, v.type,
-                       where + ", buffer #" + std::to_string(it.id) + " (" + std::string(ddp::name_of(v.type)) +
-                           ") i=" + std::to_string(i));
+          expect_close(get(v, i), want, v.type, [&] {
+            return std::string(where + ", buffer #" + std::to_string(it.id) + " (" + std::string(ddp::name_of(v.type)) +
+                               ") i=" + std::to_string(i));
+          });
         }
       }
     }
@@ -824,7 +826,7 @@ inline void join_context_uneven(ddp::communicator_ref comm, std::uint64_t period
     const int root = round.training_rank(0) ? 0 : round.authoritative_rank;
     const std::string where = "iteration " + std::to_string(b) + ", " + std::to_string(round.training) + " training";
     SUITE_EXPECT(seen[0] == round.training, where << ": count " << seen[0]);
-    expect_close(mean_rank[0], mean, ddp::dtype::f32, where + ": mean");
+    expect_close(mean_rank[0], mean, ddp::dtype::f32, [&] { return std::string(where + ": mean"); });
     SUITE_EXPECT(from_root[0] == root, where << ": broadcast " << from_root[0] << " != " << root);
     SUITE_EXPECT(max_rank[0] == round.authoritative_rank, where << ": max " << max_rank[0]);
   }
@@ -881,7 +883,8 @@ inline void expect_summed(const handle_module& m, int size, const std::string& w
     for (std::size_t i = 0; i < static_cast<std::size_t>(m.running[k].numel()); ++i) {
       const double want =
           expected_over(ddp::reduce_op::sum, ddp::dtype::f32, everyone, i, size) + static_cast<double>(k) * size;
-      expect_close(m.running[k][i], want, ddp::dtype::f32, where + ", buffer " + std::to_string(k));
+      expect_close(m.running[k][i], want, ddp::dtype::f32,
+                   [&] { return std::string(where + ", buffer " + std::to_string(k)); });
     }
   }
 }

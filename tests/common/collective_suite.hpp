@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ddp/communicator.hpp>
@@ -90,10 +91,19 @@ inline double tolerance(ddp::dtype t) {
   }
 }
 
-inline void expect_close(double got, double want, ddp::dtype t, const std::string& where) {
+/// Checks got ~ want; `where` (a string, or a callable returning one, built only on failure:
+/// the suites check millions of elements) says which element.
+template <class Where>
+void expect_close(double got, double want, ddp::dtype t, const Where& where) {
   const double tol = tolerance(t);
-  SUITE_EXPECT(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)),
-               where << ": got " << got << ", want " << want << " (" << ddp::name_of(t) << ")");
+  if (std::abs(got - want) <= tol * std::max(1.0, std::abs(want))) return;
+  std::string place;
+  if constexpr (std::is_invocable_v<const Where&>) {
+    place = where();
+  } else {
+    place = where;
+  }
+  SUITE_EXPECT(false, place << ": got " << got << ", want " << want << " (" << ddp::name_of(t) << ")");
 }
 
 /// Every rank must hold the same bytes: allgather them and compare.
@@ -120,7 +130,8 @@ inline void allreduce_every_op_and_dtype(ddp::communicator_ref comm, const std::
         const std::string where = std::string("allreduce ") + std::string(ddp::name_of(op)) + " " +
                                   std::string(ddp::name_of(t)) + " n=" + std::to_string(n);
         for (std::size_t i = 0; i < n; ++i) {
-          expect_close(b.get(i), expected_reduction(op, t, comm.size(), i), t, where + " i=" + std::to_string(i));
+          expect_close(b.get(i), expected_reduction(op, t, comm.size(), i), t,
+                       [&] { return std::string(where + " i=" + std::to_string(i)); });
         }
         expect_same_bits_everywhere(comm, b, where);
       }
@@ -143,7 +154,7 @@ inline void allreduce_coalesced_mixed_dtypes(ddp::communicator_ref comm) {
   for (auto& b : bufs) {
     for (std::size_t i = 0; i < b.count(); ++i) {
       expect_close(b.get(i), expected_reduction(ddp::reduce_op::sum, b.type, comm.size(), i), b.type,
-                   "coalesced allreduce " + std::string(ddp::name_of(b.type)));
+                   [&] { return std::string("coalesced allreduce " + std::string(ddp::name_of(b.type))); });
     }
   }
 }
@@ -160,7 +171,8 @@ inline void broadcast_from_every_root(ddp::communicator_ref comm) {
     comm.broadcast(views, root).wait();
     for (auto& b : bufs) {
       for (std::size_t i = 0; i < b.count(); ++i) {
-        expect_close(b.get(i), value(root, i) + 10 * root, b.type, "broadcast root " + std::to_string(root));
+        expect_close(b.get(i), value(root, i) + 10 * root, b.type,
+                     [&] { return std::string("broadcast root " + std::to_string(root)); });
       }
     }
   }
@@ -185,7 +197,7 @@ inline void allgather_and_reduce_scatter(ddp::communicator_ref comm) {
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t gi = static_cast<std::size_t>(comm.rank()) * n + i;
       expect_close(rout[i], expected_reduction(ddp::reduce_op::sum, ddp::dtype::f64, comm.size(), gi), ddp::dtype::f64,
-                   "reduce_scatter n=" + std::to_string(n));
+                   [&] { return std::string("reduce_scatter n=" + std::to_string(n)); });
     }
     // The in-place form (backend_contract.hpp): the input is this rank's block of the output.
     std::vector<std::int32_t> all(n * size, -1);
@@ -347,7 +359,7 @@ inline void allreduce_coalesced_groups(ddp::communicator_ref comm, std::size_t b
                                 " (" + std::string(ddp::name_of(b.type)) + ")";
       for (std::size_t i = 0; i < b.count(); ++i) {
         double want = expected_reduction(op, b.type, comm.size(), i + k);
-        expect_close(b.get(i), want, b.type, where + " i=" + std::to_string(i));
+        expect_close(b.get(i), want, b.type, [&] { return std::string(where + " i=" + std::to_string(i)); });
       }
       expect_same_bits_everywhere(comm, b, where);
     }
@@ -371,7 +383,7 @@ inline void large_allreduces_in_flight(ddp::communicator_ref comm, std::size_t n
       for (int r = 0; r < comm.size(); ++r) want += value(r, i + k) + static_cast<double>(k);
       if (k % 2) want /= comm.size();
       expect_close(bufs[k][i], want, ddp::dtype::f32,
-                   "large in flight " + std::to_string(k) + " i=" + std::to_string(i));
+                   [&] { return std::string("large in flight " + std::to_string(k) + " i=" + std::to_string(i)); });
     }
   }
 }

@@ -73,7 +73,7 @@ TEST_CASE("gloo: reduce_scatter (ddp's ring) for every op and dtype, input untou
           CHILD_CHECK(in.bytes == before, where << ": input modified");
           for (std::size_t i = 0; i < n; i += (n > 1000 ? 997 : 1)) {
             suite::expect_close(out.get(i), suite::expected_reduction(op, t, 3, static_cast<std::size_t>(rank) * n + i),
-                                t, where + " i=" + std::to_string(i));
+                                t, [&] { return std::string(where + " i=" + std::to_string(i)); });
           }
         }
       }

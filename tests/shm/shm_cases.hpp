@@ -176,7 +176,8 @@ inline void coalesced_across_chunks(ddp::communicator_ref comm, std::size_t chun
       double want = 0;
       for (int r = 0; r < comm.size(); ++r) want += suite::value(r, i + k);
       want = ddp::is_floating(bufs[k].type) ? want / comm.size() : std::trunc(want / comm.size());
-      suite::expect_close(bufs[k].get(i), want, bufs[k].type, "coalesced across chunks, tensor " + std::to_string(k));
+      suite::expect_close(bufs[k].get(i), want, bufs[k].type,
+                          [&] { return std::string("coalesced across chunks, tensor " + std::to_string(k)); });
     }
     suite::expect_same_bits_everywhere(comm, bufs[k], "coalesced across chunks, tensor " + std::to_string(k));
   }
@@ -223,7 +224,8 @@ inline void premul_sum_matches_scale_then_sum(ddp::communicator_ref comm, std::s
       for (std::size_t i = 0; i < n && i < 64; ++i) {
         double want = 0;
         for (int q = 0; q < comm.size(); ++q) want += stored(t, value(t, q, i));
-        suite::expect_close(fused[0].get(i), want / comm.size(), t, where + " is the average");
+        suite::expect_close(fused[0].get(i), want / comm.size(), t,
+                            [&] { return std::string(where + " is the average"); });
       }
     }
   }

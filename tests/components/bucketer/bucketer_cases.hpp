@@ -59,8 +59,9 @@ struct model {
   void check_average(ddp::communicator_ref comm, const std::string& where) {
     for (std::size_t g = 0; g < grads.size(); ++g) {
       for (std::size_t k = 0; k < grads[g].count(); ++k) {
-        suite::expect_close(grads[g].get(k), expected_average(grads[g].type, comm.size(), g, k), grads[g].type,
-                            where + " gradient " + std::to_string(g) + "[" + std::to_string(k) + "]");
+        suite::expect_close(grads[g].get(k), expected_average(grads[g].type, comm.size(), g, k), grads[g].type, [&] {
+          return std::string(where + " gradient " + std::to_string(g) + "[" + std::to_string(k) + "]");
+        });
       }
       suite::expect_same_bits_everywhere(comm, grads[g], where + " gradient " + std::to_string(g));
     }

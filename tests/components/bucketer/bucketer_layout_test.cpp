@@ -47,7 +47,8 @@ TEST_CASE("size_capped: small bucket last is an explicit choice", "[bucketing]")
 TEST_CASE("size_capped: tapered cuts small buckets at both ends, doubling up to the cap", "[bucketing]") {
   std::vector<std::pair<ddp::dtype, std::size_t>> shapes(10, {ddp::dtype::f32, 100});  // 400 bytes each
   const auto g = grads_of(shapes);
-  const ddp::bucketing::size_capped p{.cap_bytes = 1600, .small_bucket_bytes = 400, .small_at = ddp::small_bucket::tapered};
+  const ddp::bucketing::size_capped p{
+      .cap_bytes = 1600, .small_bucket_bytes = 400, .small_at = ddp::small_bucket::tapered};
   using B = std::vector<std::vector<std::size_t>>;
   // ready order 9..0; limits from the front 400, 800, 1600 and from the back 400, 800: they meet
   CHECK(p.layout(g).buckets == B{{9}, {8, 7}, {6, 5, 4, 3}, {2, 1}, {0}});

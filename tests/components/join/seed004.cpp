@@ -1,5 +1,5 @@
-// The six uneven-input cases of docs/join.md as a program: `seed004 <case> [--checked]`, rank r
-// holding 3 + r batches.
+// The six uneven-input cases of docs/join.md as a program: `seed004 <case> [--checked]
+// [--timeout-ms N]` (the collectives' timeout, default 3000), rank r holding 3 + r batches.
 // Cases 1 and 6 must finish with identical models equal to the serial reference; 2-5 must end
 // with a clear error on the rank left waiting (exit code 3), never a hang or a garbage rank.
 #include <chrono>
@@ -17,9 +17,15 @@ int main(int argc, char** argv) {
   // they happen on a duplicate, and they come back as exceptions instead of aborting the job.
   ddp::mpi::environment env(&argc, &argv);
   const int which = argc > 1 ? std::atoi(argv[1]) : 1;
-  const bool checked = argc > 2 && std::strcmp(argv[2], "--checked") == 0;
-  auto comm = ddp::mpi::communicator::world({.timeout = std::chrono::seconds(3)});
-  ddp::checked_communicator chk(comm, {.timeout = std::chrono::seconds(3)});
+  bool checked = false;
+  std::chrono::milliseconds timeout{3000};
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--checked") == 0) checked = true;
+    if (std::strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
+      timeout = std::chrono::milliseconds(std::atoi(argv[++i]));
+  }
+  auto comm = ddp::mpi::communicator::world({.timeout = timeout});
+  ddp::checked_communicator chk(comm, {.timeout = timeout});
   join_cases::train_options o;
   o.use_join = which == 1 || which == 4 || which == 6;
   o.barrier_in_loop = which == 3 || which == 4;
