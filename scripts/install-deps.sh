@@ -4,7 +4,7 @@
 # libtorch-dev (PyTorch's C++ API, CPU) and libeigen3-dev are for the tensor adapters (ddp::torch,
 # ddp::eigen), their tests and examples; libtorch-dev is large (about 1 GiB with its dependencies).
 set -euo pipefail
-packages=(cmake make g++ clang clang-format openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
+packages=(cmake make ninja-build g++ clang clang-format openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
           doxygen pkg-config libtorch-dev libeigen3-dev iproute2 util-linux python3)
 missing=()
 for p in "${packages[@]}"; do
