@@ -50,14 +50,16 @@ TEST_CASE("net::ring: every dtype and operator on 2-4 members, the same bits on 
       const std::size_t segment = ddp::net::ring::segment_bytes;
       for (ddp::dtype t : suite::all_dtypes()) {
         const std::size_t per_segment = segment / ddp::size_of(t);
-        std::vector<std::size_t> counts{1, 7, std::size_t(3 * c.size() + 1), per_segment + 13};
-        // Blocks of two segments and more (the segmenting is dtype-blind): a float and an integer
-        // dtype, small enough for the sanitizer builds at -O0.
-        if (t == ddp::dtype::f32 || t == ddp::dtype::i64) {
-          counts.push_back(2 * per_segment * static_cast<std::size_t>(c.size()) + 5);
-        }
-        for (std::size_t count : counts) {
+        const std::size_t multi_segment = 2 * per_segment * static_cast<std::size_t>(c.size()) + 5;
+        for (std::size_t count :
+             {std::size_t{1}, std::size_t{7}, std::size_t(3 * c.size() + 1), per_segment + 13, multi_segment}) {
           for (ddp::reduce_op op : suite::all_ops()) {
+            // Blocks of two segments and more (the segmenting is dtype- and operator-blind, the
+            // kernels are checked by the smaller counts): f32 sum and avg, i64 max only, which
+            // keeps the sanitizer builds' run short.
+            const bool multi = (t == ddp::dtype::f32 && (op == ddp::reduce_op::sum || op == ddp::reduce_op::avg)) ||
+                               (t == ddp::dtype::i64 && op == ddp::reduce_op::max);
+            if (count == multi_segment && !multi) continue;
             suite::buffer b(t, count);
             for (std::size_t i = 0; i < count; ++i) b.set(i, suite::value(c.rank(), i));
             const std::string where = std::string(ddp::name_of(t)) + " " + std::string(ddp::name_of(op)) + " x " +
