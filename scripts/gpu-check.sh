@@ -165,7 +165,8 @@ nccl_header_version=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\
 # The executables of the tests to run (label gpu, nccl or device, wherever they are defined), read
 # from ctest's listing: the program of each test command inside the build folder (also
 # ddpRunExpect's -DCOMMAND=...); a test whose program is not built yet has no command there and
-# is taken as a target of its own name (ddp_add_unit_test's rule) if that target exists. Without
+# is taken as a target of its own name (ddp_add_unit_test's rule), or with '.' read as '_', if that
+# target exists. Without
 # python3: the GPU test programs and the example.
 labels='gpu|nccl|device'
 targets=()
@@ -180,8 +181,10 @@ names = set()
 for t in json.load(sys.stdin).get("tests", []):
     command = t.get("command")
     if not command:
-        if t["name"] in known:
-            names.add(t["name"])
+        # Not built yet: a target named as the test, "." read as "_" (gpu.device_paths).
+        for name in (t["name"], t["name"].replace(".", "_")):
+            if name in known:
+                names.add(name)
         continue
     for arg in command:
         if arg.startswith("-DCOMMAND="):
