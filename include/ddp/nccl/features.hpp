@@ -12,19 +12,22 @@
 #error "ddp::nccl needs NCCL 2.14 or newer"
 #endif
 
+// The fault-tolerance calls are detected by the flag macros nccl.h declares beside them, not by
+// version: NCCL 2.28.3 has neither ncclCommRevoke nor NCCL_REVOKE_DEFAULT, 2.28.9 has both.
+
 /// 1 when `ncclCommShrink` exists (NCCL 2.27 and later): rebuild a communicator without failed ranks.
 #ifndef DDP_NCCL_HAS_SHRINK
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#if defined(NCCL_SHRINK_DEFAULT)
 #define DDP_NCCL_HAS_SHRINK 1
 #else
 #define DDP_NCCL_HAS_SHRINK 0
 #endif
 #endif
 
-/// 1 when `ncclCommRevoke` exists (NCCL 2.28 and later): stop in-flight work without freeing the
-/// communicator, so it can be shrunk afterwards.
+/// 1 when `ncclCommRevoke` exists (some NCCL 2.28 releases: 2.28.9 but not 2.28.3): stop in-flight
+/// work without freeing the communicator, so it can be shrunk afterwards.
 #ifndef DDP_NCCL_HAS_REVOKE
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#if defined(NCCL_REVOKE_DEFAULT)
 #define DDP_NCCL_HAS_REVOKE 1
 #else
 #define DDP_NCCL_HAS_REVOKE 0
