@@ -384,7 +384,11 @@ int main(int argc, char** argv) {
       identical =
           identical && std::memcmp(res.params.data(), results[0].params.data(), res.params.size() * sizeof(float)) == 0;
     }
-    std::printf("parameters identical on all %d rank(s): %s\n", size, identical ? "yes" : "NO");
+    // The parameters' sum, to tell runs apart whose losses agree to the digits printed (near the
+    // minimum, compression changes the loss only in the second order of its rounding).
+    double checksum = 0.0;
+    for (const float v : results[0].params) checksum += static_cast<double>(v);
+    std::printf("parameters identical on all %d rank(s): %s (sum %.9g)\n", size, identical ? "yes" : "NO", checksum);
     const bool converged = identical && std::isfinite(last) && last < 0.25 * first;
     std::printf("cuda_trainer: %d GPU(s), loss %.6f -> %.6f: %s\n", size, first, last,
                 converged ? "converged" : "NOT converged");

@@ -216,7 +216,8 @@ for mode in none fp16 bf16; do
   status=$?
   set -e
   { echo "== cuda_trainer --compress $mode (exit $status)"; echo "$out"; } >> "$log"
-  trainer_line[$mode]="$(echo "$out" | grep -E '^cuda_trainer: ([0-9]+ GPU|no CUDA)' | tail -n 1) (exit $status)"
+  sum=$(echo "$out" | sed -n 's/^parameters identical.*(sum \(.*\))$/\1/p' | tail -n 1)
+  trainer_line[$mode]="$(echo "$out" | grep -E '^cuda_trainer: ([0-9]+ GPU|no CUDA)' | tail -n 1)${sum:+, parameter sum $sum} (exit $status)"
   say "cuda_trainer --compress $mode: ${trainer_line[$mode]}"
 done
 finished=$(date +%s)
@@ -297,15 +298,17 @@ fi
   echo "## Device-copy bandwidth"
   echo
   if grep -q 'BANDWIDTH ' "$ctest_log"; then
-    echo "256 MiB device to device, split into equal regions: \`ddp::cuda::runtime::copy\` (one"
-    echo "\`cudaMemcpyBatchAsync\` for several regions: how a Bucketer copies a bucket back into its"
-    echo "gradients) against one \`cudaMemcpyAsync\` of the same bytes. GB/s counts each byte copied once;"
-    echo "mean of 10 copies timed with CUDA events after 2 warm-ups. ratio = runtime copy / cudaMemcpyAsync."
+    echo "256 MiB device to device, split into equal regions: \`ddp::cuda::runtime::copy\` (for several"
+    echo "regions in device memory, launches of its copy kernel: how a Bucketer copies gradients into a"
+    echo "bucket and back) against one \`cudaMemcpyBatchAsync\` of the same regions (the copy engines; what"
+    echo "the runtime used before the kernel) and one \`cudaMemcpyAsync\` of all the bytes. GB/s counts each"
+    echo "byte copied once; mean of 10 copies timed with CUDA events after 2 warm-ups."
+    echo "ratio = runtime copy / cudaMemcpyAsync."
     echo
-    echo "| regions | bytes per region | runtime copy GB/s | cudaMemcpyAsync GB/s | ratio |"
-    echo "| --- | --- | --- | --- | --- |"
+    echo "| regions | bytes per region | runtime copy GB/s | cudaMemcpyBatchAsync GB/s | cudaMemcpyAsync GB/s | ratio |"
+    echo "| --- | --- | --- | --- | --- | --- |"
     grep -o 'BANDWIDTH .*' "$ctest_log" | sed -E \
-      's/.*regions=([0-9]+) region_bytes=([0-9]+) runtime_copy_GBps=([0-9.]+) cudaMemcpyAsync_GBps=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 | \5 |/'
+      's/.*regions=([0-9]+) region_bytes=([0-9]+) runtime_copy_GBps=([0-9.]+) cudaMemcpyBatchAsync_GBps=([0-9.inf]+) cudaMemcpyAsync_GBps=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 | \5 | \6 |/'
   else
     echo "Not measured (no GPU)."
   fi
@@ -318,6 +321,20 @@ fi
   echo "| compression | result |"
   echo "| --- | --- |"
   for mode in none fp16 bf16; do echo "| $mode | \`${trainer_line[$mode]}\` |"; done
+  echo
+  echo "## What this run does not cover"
+  echo
+  if [ "$gpu_count" -lt 2 ]; then
+    echo "- Collectives between GPUs: with $gpu_count GPU the NCCL cases ran at world size 1 (NCCL copies"
+    echo "  within the device). Rings across 2-4 GPUs have run only on the emulated device."
+  fi
+  if grep -q NCCL_REVOKE_DEFAULT "$nccl_header" 2>/dev/null; then
+    echo "- Fault tolerance (\`revoke\`/\`shrink\`) needs failing ranks: not exercised here."
+  else
+    echo "- \`nccl::communicator::revoke\` is not compiled: this \`nccl.h\` (${nccl_header_version:-?}) does not declare"
+    echo "  \`ncclCommRevoke\` (\`DDP_NCCL_HAS_REVOKE\` is 0)."
+  fi
+  echo "- MPI, gloo and the test hosts: no MPI or network on the GPU machines."
   echo
   echo "## How to reproduce"
   echo

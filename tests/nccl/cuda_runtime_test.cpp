@@ -8,7 +8,9 @@
 #include <ddp/cuda/runtime.hpp>
 #include <ddp/nccl.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -70,6 +72,70 @@ TEST_CASE("copies are batched only when they may run in any order", "[nccl][cuda
   const std::vector<copy_region> empty_ones{{a.data(), b.data(), 0}, {a.data(), b.data(), 8}, {a.data(), a.data(), 0}};
   CHECK(independent(empty_ones));  // empty regions touch nothing
   CHECK(independent({}));
+}
+
+// Runs a plan on the host as scripts/ptx/batched_copy.cu runs it on the device: one block per
+// chunk finds its region by binary search over first_chunk and copies its byte range.
+void run_plan_on_host(const std::vector<ddp::cuda::detail::kernel_copy_batch>& plan) {
+  for (const auto& batch : plan) {
+    for (std::uint64_t chunk = 0; chunk < batch.chunks; ++chunk) {
+      std::uint32_t lo = 0, hi = batch.count - 1;
+      while (lo < hi) {
+        const std::uint32_t mid = (lo + hi + 1) / 2;
+        if (batch.region[mid].first_chunk <= chunk) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const auto& r = batch.region[lo];
+      const std::uint64_t begin = (chunk - r.first_chunk) * batch.chunk_bytes;
+      const std::uint64_t end = std::min<std::uint64_t>(begin + batch.chunk_bytes, r.bytes);
+      REQUIRE(begin < end);  // every block has bytes to copy
+      std::memcpy(reinterpret_cast<void*>(r.dst + begin), reinterpret_cast<const void*>(r.src + begin), end - begin);
+    }
+  }
+}
+
+TEST_CASE("the copy kernel's plan covers every byte once, in launches of at most 120 regions", "[nccl][cuda]") {
+  using ddp::cuda::detail::kernel_copy_batch_regions;
+  using ddp::cuda::detail::plan_kernel_copies;
+  std::vector<std::uint8_t> src(1 << 20), dst(1 << 20, 0);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  SECTION("300 small regions at odd offsets, some empty") {
+    std::vector<ddp::copy_region> regions;
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < 300; ++k) {
+      const std::size_t bytes = k % 10 == 0 ? 0 : 1 + (k * 37) % 900;
+      regions.push_back({dst.data() + at + 3, src.data() + at + 1, bytes});
+      at += bytes + 5;
+    }
+    const auto plan = plan_kernel_copies(regions, 256);
+    REQUIRE(plan.size() == 3);  // 270 non-empty regions
+    for (const auto& b : plan) CHECK(b.count <= kernel_copy_batch_regions);
+    run_plan_on_host(plan);
+    for (const auto& r : regions) {
+      CHECK(std::memcmp(r.dst, r.src, r.bytes) == 0);
+      CHECK(static_cast<std::uint8_t*>(r.dst)[r.bytes] == 0);  // nothing past the end
+    }
+  }
+  SECTION("a region longer than a launch's blocks spans launches") {
+    const std::vector<ddp::copy_region> regions{{dst.data(), src.data(), 1000}, {dst.data() + 2000, src.data(), 10000}};
+    const auto plan = plan_kernel_copies(regions, 512, 8);  // at most 8 blocks of 512 bytes a launch
+    REQUIRE(plan.size() == 3);                              // 2 + 20 chunks: 8, 8, 6
+    CHECK(plan[0].chunks == 8);
+    CHECK(plan[2].chunks == 6);
+    CHECK(plan[1].count == 1);  // the middle of the long region
+    run_plan_on_host(plan);
+    CHECK(std::memcmp(dst.data(), src.data(), 1000) == 0);
+    CHECK(std::memcmp(dst.data() + 2000, src.data(), 10000) == 0);
+    CHECK(dst[1000] == 0);
+    CHECK(dst[12000] == 0);
+  }
+  SECTION("nothing to copy: no launch") {
+    const std::vector<ddp::copy_region> regions{{dst.data(), src.data(), 0}};
+    CHECK(plan_kernel_copies(regions).empty());
+  }
 }
 
 TEST_CASE("cuda::runtime: a missing device is a communication_error naming rank, operation and call", "[nccl][cuda]") {

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include <ddp/cuda/batched_copy.hpp>
 #include <ddp/cuda/device_guard.hpp>
 #include <ddp/cuda/error.hpp>
 #include <ddp/device.hpp>
@@ -111,10 +112,11 @@ class runtime final : public device_runtime {
     if (cudaFreeAsync(memory, native(stream)) != cudaSuccess) (void)cudaGetLastError();
   }
 
-  /// One `cudaMemcpyBatchAsync` for two or more non-empty regions that may run in any order (on
-  /// a stream other than the legacy default one, which the batch call refuses), otherwise one
-  /// `cudaMemcpyAsync(cudaMemcpyDefault)` per non-empty region, in order. The host memory of a
-  /// region must stay valid until the stream reached the copy.
+  /// Two or more non-empty regions that may run in any order: all in the stream's device memory
+  /// (or managed), a few launches of one copy kernel (batched_copy.hpp); else one
+  /// `cudaMemcpyBatchAsync` (on a stream other than the legacy default one, which the batch call
+  /// refuses). Otherwise one `cudaMemcpyAsync(cudaMemcpyDefault)` per non-empty region, in order.
+  /// The host memory of a region must stay valid until the stream reached the copy.
   /// @throws communication_error
   void copy(std::span<const copy_region> regions, device_stream stream) override {
     const char* const operation = "cuda::runtime::copy";
@@ -122,8 +124,18 @@ class runtime final : public device_runtime {
     for (const copy_region& r : regions) non_empty += r.bytes > 0 ? 1 : 0;
     if (non_empty == 0) return;
     const stream_device_guard on_device(stream, rank_, operation);
+    const bool independent = non_empty > 1 && detail::independent(regions);
+    if (independent) {
+      int current = 0;
+      check_cuda(cudaGetDevice(&current), rank_, operation, "cudaGetDevice");
+      cudaError_t launch = cudaSuccess;
+      if (kernel_.enqueue(regions, native(stream), current, &launch)) {
+        check_cuda(launch, rank_, operation, "cudaLaunchKernel (ddp_batched_copy)");
+        return;
+      }
+    }
 #if DDP_CUDA_HAS_MEMCPY_BATCH
-    if (non_empty > 1 && !is_legacy(stream) && detail::independent(regions)) {
+    if (independent && !is_legacy(stream)) {
       std::vector<void*> dsts;
       std::vector<const void*> srcs;
       std::vector<std::size_t> sizes;
@@ -268,6 +280,7 @@ class runtime final : public device_runtime {
   }
 
   int rank_;
+  detail::batched_copy_kernel kernel_;  // loaded at the first copy it serves
 };
 
 }  // namespace ddp::cuda
