@@ -249,7 +249,7 @@ failed=0
 [ $ctest_status = 0 ] || failed=1
 if [ $have_gpu = 1 ]; then
   for mode in none fp16 bf16; do
-    echo "${trainer_line[$mode]}" | grep -q ': converged (exit 0)' || failed=1
+    echo "${trainer_line[$mode]}" | grep -qE ': converged(, parameter sum [^ ]+)? \(exit 0\)' || failed=1
   done
 fi
 

@@ -22,9 +22,9 @@ namespace ddp::cuda::detail {
 
 /// One region as the kernel reads it (scripts/ptx/batched_copy.cu's ddp_copy_region).
 struct kernel_copy_region {
-  std::uint64_t dst = 0;
-  std::uint64_t src = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t dst = 0;          ///< device address
+  std::uint64_t src = 0;          ///< device address
+  std::uint64_t bytes = 0;        ///< more than 0
   std::uint64_t first_chunk = 0;  ///< the launch's index of the region's first chunk
 };
 
@@ -34,9 +34,9 @@ inline constexpr std::size_t kernel_copy_batch_regions = 120;
 /// The kernel's parameter (ddp_copy_batch): up to 120 regions, cut into chunks of `chunk_bytes`;
 /// the launch has one block per chunk.
 struct kernel_copy_batch {
-  kernel_copy_region region[kernel_copy_batch_regions];
-  std::uint64_t chunk_bytes = 0;
-  std::uint32_t count = 0;
+  kernel_copy_region region[kernel_copy_batch_regions];  ///< the first `count` are used
+  std::uint64_t chunk_bytes = 0;                         ///< bytes a block copies, a multiple of 16
+  std::uint32_t count = 0;                               ///< regions used
   std::uint64_t chunks = 0;  ///< blocks of the launch (host side only: past the kernel's layout)
 };
 static_assert(offsetof(kernel_copy_batch, chunk_bytes) == 3840 && offsetof(kernel_copy_batch, count) == 3848,
@@ -47,9 +47,9 @@ inline constexpr std::size_t kernel_copy_chunk_bytes = std::size_t{64} << 10;
 
 /// The launches that copy `regions` (empty ones skipped), in order, each at most
 /// `kernel_copy_batch_regions` regions and `max_chunks` blocks. Pure: the unit tests check it.
-[[nodiscard]] inline std::vector<kernel_copy_batch> plan_kernel_copies(std::span<const copy_region> regions,
-                                                                      std::size_t chunk_bytes = kernel_copy_chunk_bytes,
-                                                                      std::uint64_t max_chunks = 1u << 30) {
+[[nodiscard]] inline std::vector<kernel_copy_batch> plan_kernel_copies(
+    std::span<const copy_region> regions, std::size_t chunk_bytes = kernel_copy_chunk_bytes,
+    std::uint64_t max_chunks = 1u << 30) {
   std::vector<kernel_copy_batch> launches;
   for (const copy_region& r : regions) {
     std::size_t done = 0;
@@ -94,8 +94,9 @@ class batched_copy_kernel {
     if (!on_device(regions, device) || !load()) return false;
     for (kernel_copy_batch& batch : plan_kernel_copies(regions)) {
       void* args[] = {&batch};
-      const cudaError_t status = cudaLaunchKernel(reinterpret_cast<const void*>(kernel_),
-                                                  dim3(static_cast<unsigned>(batch.chunks)), dim3(256), args, 0, stream);
+      const cudaError_t status =
+          cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(static_cast<unsigned>(batch.chunks)), dim3(256),
+                           args, 0, stream);
       if (status != cudaSuccess) {
         *launch_error = status;
         return true;

@@ -130,7 +130,6 @@ inline constexpr char batched_copy_ptx[] =
     " @%p12 bra  $L__BB0_16;\n"
     "$L__BB0_17:\n"
     " ret;\n"
-    "}\n"
-    ;
+    "}\n";
 
 }  // namespace ddp::cuda::detail
