@@ -1,14 +1,16 @@
 // What fault tolerance costs: the Manager's per-step protocol against plain Bucketer training,
 // and healing time against state size.
 //
-//   mpiexec -n 2 manager_bench [--shapes resnet50.txt] [--iters 30] [--heal-mib 1,16,64,256] [--csv FILE]
+//   mpiexec -n 2 manager_bench [--shapes resnet50.txt] [--iters 30] [--heal-mib 1,16,64,256]
+//                              [--heal-small 4096] [--csv FILE]
 //
 // Steady state: the same gradients (ResNet-50 shapes by default) are synchronised per iteration by
 // (a) a Bucketer with a fixed layout over ddp::mpi::communicator and (b) the same Bucketer over a
 // Manager whose quorums are built on MPI, with start_quorum(), the commit vote and heartbeats to
 // a file store; the two alternate iteration by iteration, so machine noise hits both alike.
 // Healing: a fresh job whose rank 1 receives the whole state from rank 0 (the same transfer a
-// restarted replica gets), for several state sizes.
+// restarted replica gets), for several state sizes, and for many small tensors against one
+// tensor of the same bytes.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -70,7 +72,8 @@ int main(int argc, char** argv) {
     bench::cli args(argc, argv, "Manager overhead and healing time (run with mpiexec -n 2)",
                     {{"--shapes", "FILE", "parameter shapes (default: 20 x 64Ki floats)"},
                      {"--iters", "N", "measured iterations per variant (default 30)"},
-                     {"--heal-mib", "LIST", "state sizes to heal, MiB (default 1,16,64,256)"}});
+                     {"--heal-mib", "LIST", "state sizes to heal, MiB (default 1,16,64,256)"},
+                     {"--heal-small", "N", "N tensors of 1 KiB healed against one of N KiB (default 4096)"}});
     if (args.has("--help")) {
       if (rank == 0) args.print_help(std::cout);
       return 0;
@@ -144,22 +147,41 @@ int main(int argc, char** argv) {
       std::stringstream ss(args.string_or("--heal-mib", "1,16,64,256"));
       for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoll(s));
     }
-    for (auto mib : sizes) {
-      const std::string hdir = job_dir(comm, "heal" + std::to_string(mib));
+    // A fresh job in which rank 1 receives `tensors` from rank 0; returns {start_quorum ms, heal ms},
+    // the slower rank's.
+    auto heal_once = [&](const std::string& tag, std::vector<std::vector<float>>& tensors) {
+      const std::string hdir = job_dir(comm, tag);
       ddp::stores::file_store hstore(hdir);
-      std::vector<float> big(static_cast<std::size_t>(mib) << 18, rank == 0 ? 1.0f : 0.0f);
       ddp::training_state hs;
-      hs.add(big);
+      for (auto& t : tensors) {
+        std::fill(t.begin(), t.end(), rank == 0 ? 1.0f : 0.0f);
+        hs.add(t);
+      }
       ddp::Manager m(hstore, mpi_factory(), hs, options_for(rank));
       const auto t0 = std::chrono::steady_clock::now();
       m.start_quorum();
       std::vector<double> v{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
                             m.stats().heal_ms};
       ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::max).wait();
-      if (big.back() != 1.0f) throw std::runtime_error("healed state differs from the source");
-      heal.add({mib, v[1], static_cast<double>(mib << 20) / (v[1] * 1e6), v[0]});
+      for (const auto& t : tensors) {
+        if (t.back() != 1.0f) throw std::runtime_error("healed state differs from the source");
+      }
       comm.barrier().wait();
       if (rank == 0) std::filesystem::remove_all(hdir);
+      return v;
+    };
+    for (auto mib : sizes) {
+      std::vector<std::vector<float>> state(1, std::vector<float>(static_cast<std::size_t>(mib) << 18));
+      const auto v = heal_once("heal" + std::to_string(mib), state);
+      heal.add({mib, v[1], static_cast<double>(mib << 20) / (v[1] * 1e6), v[0]});
+    }
+    // Many small tensors against one of the same bytes (the Manager coalesces small ones).
+    bench::table small({{"state"}, {"heal ms", 3}, {"start_quorum ms", 3}});
+    const auto small_count = static_cast<std::size_t>(args.int_or("--heal-small", 4096));
+    for (const std::size_t n : {std::size_t{1}, small_count}) {
+      std::vector<std::vector<float>> state(n, std::vector<float>(small_count * 256 / n));
+      const auto v = heal_once("small" + std::to_string(n), state);
+      small.add({std::to_string(n) + " x " + std::to_string(small_count / n) + " KiB", v[1], v[0]});
     }
     if (rank == 0) {
       std::cout << "Manager steady-state overhead, 2 ranks over MPI (median of " << iters
@@ -167,6 +189,8 @@ int main(int argc, char** argv) {
       steady.print(std::cout);
       std::cout << "\nHealing a fresh replica (state streamed by broadcast in 16 MiB chunks, all in flight at once)\n";
       heal.print(std::cout);
+      std::cout << "\nHealing many small tensors against one tensor of the same bytes\n";
+      small.print(std::cout);
       if (auto csv = args.csv()) {
         std::ofstream out(*csv);
         steady.write_csv(out);

@@ -2,7 +2,8 @@
 # Writes include/ddp/cuda/batched_copy_ptx.hpp from scripts/ptx/batched_copy.cu (needs nvcc):
 # PTX for compute_75, its .version lowered to 7.0 (the kernel uses nothing newer) so that drivers
 # of CUDA 11.0 and later can compile it. --check compares instead of writing (the ctest
-# cuda.batched_copy_ptx_current runs it wherever nvcc is found).
+# cuda.batched_copy_ptx_current runs it wherever nvcc is found). The output is as clang-format
+# leaves it (scripts/format.sh --check).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=$root/include/ddp/cuda/batched_copy_ptx.hpp
@@ -22,8 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
   echo 'inline constexpr char batched_copy_ptx[] ='
   # Drop comments and the toolchain banner (they name the nvcc build), lower the PTX version.
   sed -e 's://.*$::' -e 's/^\.version .*/.version 7.0/' -e 's/[[:space:]]*$//' "$tmp/k.ptx" | sed '/^$/d' |
-    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/ /g' -e 's/^/    "/' -e 's/$/\\n"/'
-  echo '    ;'
+    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/ /g' -e 's/^/    "/' -e 's/$/\\n"/' -e '$s/$/;/'
   echo
   echo '}  // namespace ddp::cuda::detail'
 } > "$tmp/out.hpp"

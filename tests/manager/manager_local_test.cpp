@@ -244,3 +244,86 @@ TEST_CASE("Manager: a replica stalls past the collective timeout, then catches u
     check_outcome(o, 6, 3);
   }
 }
+
+namespace {
+
+// Forwards to a communicator and counts its broadcasts in `*broadcasts` (any_communicator owns a
+// copy of it, so the count lives outside).
+struct broadcast_counter {
+  ddp::communicator_ref inner;
+  std::size_t* broadcasts;
+  [[nodiscard]] int rank() const { return inner.rank(); }
+  [[nodiscard]] int size() const { return inner.size(); }
+  ddp::work allreduce(std::span<const ddp::tensor_view> ts, ddp::reduce_op op) { return inner.allreduce(ts, op); }
+  ddp::work broadcast(std::span<const ddp::tensor_view> ts, int root) {
+    ++*broadcasts;
+    return inner.broadcast(ts, root);
+  }
+  ddp::work allgather(ddp::tensor_view in, ddp::tensor_view out) { return inner.allgather(in, out); }
+  ddp::work reduce_scatter(ddp::tensor_view in, ddp::tensor_view out, ddp::reduce_op op) {
+    return inner.reduce_scatter(in, out, op);
+  }
+  ddp::work barrier() { return inner.barrier(); }
+  void abort() noexcept { inner.abort(); }
+};
+
+}  // namespace
+
+TEST_CASE("Manager healing: small tensors travel coalesced, large ones in slices, every byte arrives",
+          "[local][manager]") {
+  // Ranks 0 and 2 hold step 7's state, rank 1 zeros: 300 tensors of 0 to 3 elements (i8, f32,
+  // f64) and one of 1000 f32, in 64-byte transfers.
+  constexpr int ranks = 3;
+  constexpr std::size_t chunk = 64;
+  std::vector<std::size_t> broadcasts(ranks, 0), moved(ranks, 0);
+  std::vector<int> wrong(ranks, -1);
+  std::size_t small_bytes = 0;
+  ddp::local::run(ranks, [&](ddp::local::communicator& c) {
+    const int r = c.rank();
+    const bool source = r != 1;
+    std::vector<std::vector<std::int8_t>> i8s;
+    std::vector<std::vector<float>> f32s;
+    std::vector<std::vector<double>> f64s;
+    std::vector<ddp::tensor_view> tensors;
+    std::size_t bytes = 0;
+    i8s.reserve(100);
+    f32s.reserve(101);
+    f64s.reserve(100);
+    for (std::size_t k = 0; k < 300; ++k) {
+      const std::size_t n = k % 4;
+      const double v = source ? static_cast<double>(k) + 0.5 : 0.0;
+      if (k % 3 == 0) tensors.push_back(ddp::view(i8s.emplace_back(n, static_cast<std::int8_t>(source ? k % 100 : 0))));
+      if (k % 3 == 1) tensors.push_back(ddp::view(f32s.emplace_back(n, static_cast<float>(v))));
+      if (k % 3 == 2) tensors.push_back(ddp::view(f64s.emplace_back(n, v)));
+      bytes += tensors.back().bytes();
+    }
+    if (r == 0) small_bytes = bytes;
+    tensors.push_back(ddp::view(f32s.emplace_back(1000, source ? 3.25f : 0.0f)));
+    std::vector<std::int64_t> scalars{source ? 11 : 0, source ? -4 : 0};
+    const ddp::detail::state_view state{tensors, scalars};
+    ddp::any_communicator comm{broadcast_counter{ddp::communicator_ref(c), &broadcasts[static_cast<std::size_t>(r)]}};
+    ddp::progress_meter meter(nullptr, "heal test", r);
+    moved[static_cast<std::size_t>(r)] = ddp::detail::broadcast_state(comm, state, {0, 2}, 7, chunk, meter, r);
+    // Rank 1 now holds what the sources hold.
+    int bad = 0;
+    for (std::size_t k = 0; k < 300; ++k) {
+      const double v = static_cast<double>(k) + 0.5;
+      if (k % 3 == 0) bad += i8s[k / 3] != std::vector<std::int8_t>(k % 4, static_cast<std::int8_t>(k % 100));
+      if (k % 3 == 1) bad += f32s[k / 3] != std::vector<float>(k % 4, static_cast<float>(v));
+      if (k % 3 == 2) bad += f64s[k / 3] != std::vector<double>(k % 4, v);
+    }
+    bad += f32s.back() != std::vector<float>(1000, 3.25f);
+    bad += scalars != std::vector<std::int64_t>{11, -4};
+    wrong[static_cast<std::size_t>(r)] = bad;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(wrong[static_cast<std::size_t>(r)] == 0);
+    CHECK(moved[static_cast<std::size_t>(r)] == small_bytes + 4000);
+    // 4000 bytes in 63 slices, the small tensors in transfers of up to 64 bytes (each at least
+    // 40 full, as no small tensor has more than 24 bytes), and the scalars: far fewer than one
+    // broadcast per tensor.
+    CHECK(broadcasts[static_cast<std::size_t>(r)] <= 63 + (small_bytes + 39) / 40 + 1 + 1);
+    CHECK(broadcasts[static_cast<std::size_t>(r)] < 150);
+  }
+}

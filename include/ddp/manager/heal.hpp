@@ -1,7 +1,8 @@
 #pragma once
 /// @file manager/heal.hpp
 /// @brief How a `Manager` (ddp/manager.hpp) moves the committed state to the members of a quorum
-/// that are behind: every state tensor in chunks broadcast from the sources in turn, the scalars
+/// that are behind: the state tensors in transfers of up to a chunk (large ones sliced, small ones
+/// coalesced) broadcast from the sources in turn, the scalars
 /// and the sources' step, then a hash of the state allgathered to prove every member holds the
 /// same bits. Host or device state (device state needs a communicator with a device queue). Not
 /// for users; see docs/fault-tolerance.md ("The protocol", "Over NCCL").
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,30 +88,49 @@ inline void check_state_placement(std::span<const tensor_view> ts, const any_com
   return fnv1a_object(step, h);
 }
 
-/// Broadcasts the state of `step` from `sources` to every member of `comm`: chunk k of the
-/// concatenated tensors (`chunk_bytes` each) from sources[k % sources], so the sending load is
-/// spread, all chunks in flight at once; then the scalars and the step from the first source.
-/// Up-to-date members receive bytes identical to their own. Collective. Returns the tensor
-/// bytes moved; `meter` counts them as they arrive.
+/// Broadcasts the state of `step` from `sources` to every member of `comm` in transfers of at
+/// most `chunk_bytes`: a larger tensor in slices, runs of smaller ones of one placement together
+/// (one coalesced broadcast, not one per tensor: 4096 small tensors cost a few calls), transfer k
+/// from sources[k % sources], so the sending load is spread, all in flight at once; then the
+/// scalars and the step from the first source. Up-to-date members receive bytes identical to
+/// their own. Collective. Returns the tensor bytes moved; `meter` counts them as they arrive.
 /// @throws communication_error if a transfer fails, or the sources sent another step
 inline std::size_t broadcast_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
                                    std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
-  std::size_t chunk_index = 0;
+  const std::size_t limit = std::max<std::size_t>(1, chunk_bytes);
   std::size_t moved = 0;
   std::vector<work> transfers;
+  std::deque<std::vector<tensor_view>> groups(1);  // alive until the transfers completed
+  std::size_t group_bytes = 0;
+  auto send = [&] {
+    if (groups.back().empty()) return;
+    const int root = sources[(groups.size() - 1) % sources.size()];
+    transfers.push_back(
+        comm.broadcast(std::span<const tensor_view>(groups.back()), root).then([&meter, n = group_bytes] {
+          meter.add_bytes(n);
+        }));
+    moved += group_bytes;
+    groups.emplace_back();
+    group_bytes = 0;
+  };
   for (const auto& t : state.tensors) {
-    const std::size_t elem = size_of(t.type);
-    const std::size_t per_chunk = std::max<std::size_t>(1, chunk_bytes / elem);
+    if (t.count == 0) continue;
+    const bool other_placement = !groups.back().empty() && groups.back().front().where != t.where;
+    if (other_placement || group_bytes + t.bytes() > limit) send();
+    if (t.bytes() <= limit) {
+      groups.back().push_back(t);
+      group_bytes += t.bytes();
+      continue;
+    }
+    const std::size_t per_chunk = std::max<std::size_t>(1, limit / size_of(t.type));
     for (std::size_t off = 0; off < t.count; off += per_chunk) {
-      const tensor_view chunk = t.slice(off, std::min(per_chunk, t.count - off));
-      const int root = sources[chunk_index++ % sources.size()];
-      transfers.push_back(
-          comm.broadcast(std::span<const tensor_view>(&chunk, 1), root).then([&meter, n = chunk.bytes()] {
-            meter.add_bytes(n);
-          }));
-      moved += chunk.bytes();
+      const tensor_view slice = t.slice(off, std::min(per_chunk, t.count - off));
+      groups.back().push_back(slice);
+      group_bytes += slice.bytes();
+      send();
     }
   }
+  send();
   work::wait_all(transfers);  // round-robin, one deadline, an error naming the first pending chunk
   std::vector<std::int64_t> scalars(state.scalars.begin(), state.scalars.end());
   scalars.push_back(step);
