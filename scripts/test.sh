@@ -5,8 +5,8 @@
 #
 #   scripts/test.sh [--multi-process-in-stress] [cmake configure arguments...]
 #
-# --multi-process-in-stress: run the single-process tests (and, once, the jobs across test hosts,
-# label hosts) here and leave the multi-process ones (labels mpi, gloo, launcher) to
+# --multi-process-in-stress: run the single-process tests (and, once, beside them, the jobs across
+# test hosts, label hosts) here and leave the multi-process ones (labels mpi, gloo, launcher) to
 # scripts/stress.sh, which runs each of them three times beside a busy core. CI does this (.ci/run), so no multi-process test runs a fourth, quiet time there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,8 +25,18 @@ cmake --build "$build" -j "$(nproc)"
 # MPI tests (and jobs across test hosts, label hosts: docs/launching.md) oversubscribe 2 cores
 # already: run them one at a time, the rest in parallel.
 if [ "$multi_process" = stress ]; then
-  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|gloo|launcher|hosts'
-  ctest --test-dir "$build" --output-on-failure -L hosts
+  # The jobs across test hosts mostly wait on their rate-limited links: they run (one at a time)
+  # beside the single-process tests, their output printed after them.
+  hosts_log="$build/hosts-tests.log"
+  ctest --test-dir "$build" --output-on-failure -L hosts > "$hosts_log" 2>&1 &
+  hosts_pid=$!
+  single=0
+  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|gloo|launcher|hosts' || single=$?
+  hosts=0
+  wait "$hosts_pid" || hosts=$?
+  cat "$hosts_log"
+  [ "$single" = 0 ] || { echo "test.sh: single-process tests failed" >&2; exit "$single"; }
+  [ "$hosts" = 0 ] || { echo "test.sh: jobs across test hosts failed" >&2; exit "$hosts"; }
   exit 0
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE 'mpi|hosts'
