@@ -141,6 +141,8 @@ class process_group {
 
   [[nodiscard]] int size() const { return static_cast<int>(children_.size()); }
   void kill(int rank, int sig) { ::kill(children_[static_cast<std::size_t>(rank)].pid, sig); }
+  /// The process id of `rank`.
+  [[nodiscard]] pid_t pid(int rank) const { return children_[static_cast<std::size_t>(rank)].pid; }
 
   /// Output a child has written so far.
   std::string output(int rank) {

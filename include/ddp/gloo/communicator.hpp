@@ -28,6 +28,7 @@
 #include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/error.hpp>
+#include <ddp/gloo/authenticate.hpp>
 #include <ddp/gloo/collectives.hpp>
 #include <ddp/gloo/engine.hpp>
 #include <ddp/gloo/errors.hpp>
@@ -87,6 +88,7 @@ class communicator {
     connect_info.name = "connect";
     try {
       ctx->connectFullMesh(rendezvous, device);
+      detail::authenticate_pairs(*ctx, opts.secret, opts.key_prefix, deadline);
       rendezvous.connected();
     } catch (...) {
       const auto e = detail::translate_current_exception(connect_info);
@@ -187,7 +189,11 @@ class communicator {
   [[noreturn]] static void rethrow_as_connect_error(const ddp::error& e, int rank, int size) {
     const std::string op = "gloo connect (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
     // Keep the type and the message; say who we are once.
-    const std::string& what = e.message();
+    std::string what = e.message();
+    if (what.find("Connection refused") != std::string::npos) {
+      // gloo's pair listener accepts one connection: whoever came first holds it.
+      what += "; the peer is gone, or a process outside the job connected to its port first (docs/security.md)";
+    }
     if (dynamic_cast<const timeout_error*>(&e)) throw timeout_error(rank, op, what);
     if (dynamic_cast<const usage_error*>(&e)) throw usage_error(rank, op, what);
     throw communication_error(rank, op, what);

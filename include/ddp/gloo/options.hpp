@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include <ddp/job_secret.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/work.hpp>
 
@@ -23,6 +24,11 @@ struct options {
   std::string hostname = "127.0.0.1";
   /// Network interface to listen on ("eth0"); when set, it replaces `hostname`.
   std::string interface {};
+  /// The job's secret, proven over every pair right after connecting and before any data moves
+  /// (gloo/authenticate.hpp). Default: environment variable DDP_JOB_SECRET, which
+  /// `scripts/ddp-run` sets; empty (unset) = pairs are not authenticated. Every rank needs the
+  /// same one: docs/security.md.
+  job_secret secret = job_secret::from_environment();
   /// Namespace of the communicator's keys inside the store it is given.
   std::string key_prefix = "gloo/";
   /// f16/bf16 are reduced in f32 on the wire: one rounding at the end, like the local backend,

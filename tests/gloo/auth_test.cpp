@@ -1,0 +1,285 @@
+// Peers prove the job's secret over every gloo pair before any data moves (docs/security.md):
+// the same secret works; another secret, or none, is a clean error naming the pair; a stranger
+// (another user, uid 65534) that connects first to a rank's ports gets no data, and no rank
+// crashes. Ranks are forked processes.
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <ddp/gloo.hpp>
+#include <ddp/job_secret.hpp>
+#include <ddp/stores/file_store.hpp>
+
+#include "../common/other_user.hpp"
+#include "process_group.hpp"
+
+using namespace std::chrono_literals;
+namespace st = ddp::stores;
+using gloo_test::process_group;
+using gloo_test::reporter;
+using gloo_test::temp_dir;
+
+namespace {
+
+ddp::gloo::options options_with(ddp::job_secret secret, std::chrono::milliseconds connect = 5s) {
+  ddp::gloo::options o;
+  o.timeout = 3s;
+  o.connect_timeout = connect;
+  o.secret = std::move(secret);
+  return o;
+}
+
+/// The value every rank contributes: a pattern a stranger would recognise if it ever got data.
+constexpr float pattern = 1234.5f;
+
+/// Connects and runs one allreduce; reports "result=ok" or the error's kind and text.
+void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, const ddp::gloo::options& opts,
+                        const reporter& rep) {
+  st::file_store store(dir);
+  try {
+    ddp::gloo::communicator c(store, rank, size, opts);
+    std::vector<float> v(4096, pattern);
+    ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
+    CHILD_CHECK(v.front() == pattern * static_cast<float>(size), "sum " << v.front());
+    rep.set("result", "ok");
+  } catch (const ddp::timeout_error& e) {
+    rep.set("result", "timeout");
+    rep.set("what", e.what());
+  } catch (const ddp::communication_error& e) {
+    rep.set("result", "communication");
+    rep.set("what", e.what());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gloo auth: ranks holding the same secret connect and reduce", "[gloo][auth]") {
+  temp_dir dir("gloo-auth-same");
+  process_group g(3, [&](int rank, const reporter& rep) {
+    connect_and_reduce(dir.path(), rank, 3, options_with(ddp::job_secret::of("same secret for all ranks")), rep);
+  });
+  const auto outs = g.wait_all(30s);
+  INFO(gloo_test::describe_all(outs));
+  for (const auto& o : outs) {
+    CHECK(o.ok());
+    CHECK(o.value("result") == "ok");
+  }
+}
+
+TEST_CASE("gloo auth: a peer with another secret is refused on both sides, naming the pair", "[gloo][auth]") {
+  temp_dir dir("gloo-auth-other");
+  const auto t0 = std::chrono::steady_clock::now();
+  process_group g(2, [&](int rank, const reporter& rep) {
+    const char* secret = rank == 0 ? "the job's secret, rank 0" : "someone else's secret!";
+    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of(secret)), rep);
+  });
+  const auto outs = g.wait_all(30s);
+  INFO(gloo_test::describe_all(outs));
+  for (const auto& o : outs) {
+    REQUIRE(o.ok());
+    CHECK(o.value("result") == "communication");
+    const std::string peer = o.rank == 0 ? "1" : "0";
+    CHECK_THAT(o.value("what"), Catch::Contains("gloo connection to rank " + peer) &&
+                                    Catch::Contains("does not hold this job's secret"));
+  }
+  // Refused at once, not at a deadline.
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+}
+
+TEST_CASE("gloo auth: a peer without a secret is an error within the connect deadline", "[gloo][auth]") {
+  temp_dir dir("gloo-auth-none");
+  const auto t0 = std::chrono::steady_clock::now();
+  process_group g(2, [&](int rank, const reporter& rep) {
+    auto secret = rank == 0 ? ddp::job_secret::of("rank 0 has a secret") : ddp::job_secret{};
+    connect_and_reduce(dir.path(), rank, 2, options_with(std::move(secret), 2s), rep);
+  });
+  const auto outs = g.wait_all(30s);
+  INFO(gloo_test::describe_all(outs));
+  for (const auto& o : outs) REQUIRE(o.ok());
+  CHECK(outs[0].value("result") != "ok");
+  CHECK_THAT(outs[0].value("what"), Catch::Contains("gloo connection to rank 1 did not authenticate"));
+  CHECK(outs[1].value("result") != "ok");  // its allreduce fails: rank 0 never joins it
+  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+}
+
+TEST_CASE("gloo auth: the secret from a file is checked like an ssh key", "[gloo][auth]") {
+  temp_dir dir("gloo-auth-file");
+  const auto path = (dir.path() / "secret").string();
+  { std::ofstream(path) << "a secret of enough length\n"; }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const auto s = ddp::job_secret::from_file(path);
+  CHECK(s.bytes().size() == std::string("a secret of enough length").size());
+  std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::add);
+  CHECK_THROWS_WITH(ddp::job_secret::from_file(path), Catch::Contains("mode 640") && Catch::Contains("chmod 600"));
+  std::filesystem::create_symlink(path, dir.path() / "link");
+  CHECK_THROWS_AS(ddp::job_secret::from_file((dir.path() / "link").string()), ddp::usage_error);
+  CHECK_THROWS_WITH(ddp::job_secret::of("short"), Catch::Contains("at least 16 bytes"));
+}
+
+namespace {
+
+/// Loopback ports on which any of `pids` listens (from /proc: their socket inodes, and
+/// /proc/net/tcp's listening entries).
+std::set<int> listening_ports(const std::vector<pid_t>& pids) {
+  std::set<std::string> inodes;
+  for (pid_t pid : pids) {
+    const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+    DIR* d = ::opendir(fds.c_str());
+    if (d == nullptr) continue;
+    while (const dirent* e = ::readdir(d)) {
+      char target[128] = {};
+      const std::string link = fds + "/" + e->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n > 9 && std::strncmp(target, "socket:[", 8) == 0) {
+        inodes.insert(std::string(target + 8, static_cast<std::size_t>(n) - 9));
+      }
+    }
+    ::closedir(d);
+  }
+  std::set<int> ports;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    in >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+    if (state != "0A" || inodes.count(inode) == 0) continue;
+    ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+  }
+  return ports;
+}
+
+enum class stranger_mode { silent, garbage, zeros };
+
+/// As uid 65534: connects to each port read from `ports_fd` (one per line) until the pipe closes,
+/// sends what `mode` says, keeps every connection open, and reads all it is sent. Exit code:
+/// 0 and "connections=N" on stdout if no float of the ranks' pattern arrived; 3 if one did.
+int stranger(int ports_fd, stranger_mode mode) {
+  std::vector<int> socks;
+  std::string pending;
+  bool open = true;
+  bool saw_pattern = false;
+  std::string received;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline && (open || !socks.empty())) {
+    std::vector<pollfd> fds;
+    if (open) fds.push_back({ports_fd, POLLIN, 0});
+    for (int s : socks) fds.push_back({s, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 50) < 0) break;
+    for (const auto& p : fds) {
+      if ((p.revents & (POLLIN | POLLHUP)) == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(p.fd, buf, sizeof(buf));
+      if (p.fd == ports_fd) {
+        if (n <= 0) {
+          open = false;
+          continue;
+        }
+        pending.append(buf, static_cast<std::size_t>(n));
+        for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+          const int port = std::stoi(pending.substr(0, nl));
+          pending.erase(0, nl + 1);
+          const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in a{};
+          a.sin_family = AF_INET;
+          a.sin_port = htons(static_cast<std::uint16_t>(port));
+          a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+            ::close(s);
+            continue;
+          }
+          std::vector<unsigned char> junk(56, 0);
+          if (mode == stranger_mode::garbage) {
+            for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<unsigned char>(i * 37 + 11);
+          }
+          if (mode != stranger_mode::silent) (void)!::write(s, junk.data(), junk.size());
+          socks.push_back(s);
+        }
+      } else if (n <= 0) {
+        ::close(p.fd);
+        std::erase(socks, p.fd);
+      } else {
+        received.append(buf, static_cast<std::size_t>(n));
+      }
+    }
+  }
+  for (std::size_t i = 0; i + sizeof(float) <= received.size(); ++i) {
+    float f = 0;
+    std::memcpy(&f, received.data() + i, sizeof(f));
+    if (f == pattern) saw_pattern = true;
+  }
+  std::printf("stranger: %zu bytes received\n", received.size());
+  for (int s : socks) ::close(s);
+  return saw_pattern ? 3 : 0;
+}
+
+}  // namespace
+
+TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no data; nobody crashes",
+          "[gloo][auth][stranger]") {
+  if (!other_user::can_switch_user()) {
+    std::cout << "SKIP: not root, cannot run a stranger as another user\n";
+    return;
+  }
+  const auto mode = GENERATE(stranger_mode::silent, stranger_mode::garbage, stranger_mode::zeros);
+  temp_dir dir("gloo-auth-stranger");
+  int ports_pipe[2];
+  REQUIRE(::pipe(ports_pipe) == 0);
+  // Rank 1 starts late, so the stranger is at rank 0's ports first.
+  process_group g(2, [&](int rank, const reporter& rep) {
+    ::close(ports_pipe[0]);
+    ::close(ports_pipe[1]);
+    if (rank == 1) std::this_thread::sleep_for(700ms);
+    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of("the job's own secret"), 4s), rep);
+  });
+  const pid_t stranger_pid = other_user::start([&] {
+    ::close(ports_pipe[1]);
+    return stranger(ports_pipe[0], mode);
+  });
+  ::close(ports_pipe[0]);
+  const auto ignore_sigpipe = std::signal(SIGPIPE, SIG_IGN);  // writes to a stranger that left
+  // Hand the stranger every port the ranks listen on, as soon as it appears.
+  std::set<int> told;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int port : listening_ports({g.pid(0), g.pid(1)})) {
+      if (!told.insert(port).second) continue;
+      const std::string line = std::to_string(port) + "\n";
+      (void)!::write(ports_pipe[1], line.data(), line.size());
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  ::close(ports_pipe[1]);
+  std::signal(SIGPIPE, ignore_sigpipe);
+  const auto outs = g.wait_all(30s);
+  const int stranger_code = other_user::wait(stranger_pid);
+  INFO("mode " << static_cast<int>(mode) << ", ports handed to the stranger: " << told.size() << "\n"
+               << gloo_test::describe_all(outs));
+  CHECK(stranger_code == 0);  // 3: it received the ranks' data; 127: it crashed
+  CHECK_FALSE(told.empty());
+  for (const auto& o : outs) {
+    REQUIRE(o.exited);  // never a crash (a signal)
+    CHECK(o.code == 0);
+    const auto result = o.value("result");
+    // The job proceeds (the stranger's connection was never accepted) or fails with an error.
+    if (result != "ok") CHECK_FALSE(o.value("what").empty());
+  }
+}
