@@ -283,3 +283,17 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
     if (result != "ok") CHECK_FALSE(o.value("what").empty());
   }
 }
+
+TEST_CASE("gloo auth: TLS where gloo has it, a clear error where it does not", "[gloo][auth]") {
+  temp_dir dir("gloo-tls");
+  st::file_store store(dir.path());
+  ddp::gloo::options opts;
+  opts.tls = ddp::gloo::tls_files{.private_key = "key.pem", .certificate = "cert.pem", .ca_file = "ca.pem"};
+#if GLOO_HAVE_TRANSPORT_TCP_TLS
+  // Files that do not exist: gloo's TLS device refuses them when it loads them.
+  CHECK_THROWS_AS(ddp::gloo::communicator(store, 0, 1, opts), ddp::error);
+#else
+  CHECK_THROWS_WITH(ddp::gloo::communicator(store, 0, 1, opts),
+                    Catch::Contains("built without its TLS transport") && Catch::Contains("job secret"));
+#endif
+}

@@ -17,13 +17,18 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <gloo/config.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#if GLOO_HAVE_TRANSPORT_TCP_TLS
+#include <gloo/transport/tcp/tls/device.h>
+#endif
 
 #include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
@@ -73,7 +78,9 @@ class communicator {
       } else {
         attr.hostname = opts.hostname;
       }
-      device = ::gloo::transport::tcp::CreateDevice(attr);
+      device = create_device(attr, opts.tls, rank);
+    } catch (const usage_error&) {
+      throw;
     } catch (const std::exception& e) {
       throw communication_error(
           rank, "gloo connect",
@@ -186,6 +193,22 @@ class communicator {
   [[nodiscard]] std::uint64_t issued() const { return engine_ ? engine_->issued() : 0; }
 
  private:
+  static std::shared_ptr<::gloo::transport::Device> create_device(const ::gloo::transport::tcp::attr& attr,
+                                                                  const std::optional<tls_files>& tls,
+                                                                  [[maybe_unused]] int rank) {
+    if (!tls) return ::gloo::transport::tcp::CreateDevice(attr);
+#if GLOO_HAVE_TRANSPORT_TCP_TLS
+    return ::gloo::transport::tcp::tls::CreateDevice(attr, tls->private_key, tls->certificate, tls->ca_file,
+                                                     tls->ca_path);
+#else
+    throw usage_error(rank, "gloo connect",
+                      "TLS was asked for (options::tls), but this gloo was built without its TLS transport "
+                      "(GLOO_HAVE_TRANSPORT_TCP_TLS is 0, as in Debian's libgloo): use a gloo built with "
+                      "USE_TCP_OPENSSL_LINK or USE_TCP_OPENSSL_LOAD, or leave tls unset and rely on the job "
+                      "secret, which authenticates peers but does not encrypt (docs/security.md)");
+#endif
+  }
+
   [[noreturn]] static void rethrow_as_connect_error(const ddp::error& e, int rank, int size) {
     const std::string op = "gloo connect (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
     // Keep the type and the message; say who we are once.

@@ -3,6 +3,7 @@
 /// @brief Knobs of a gloo communicator.
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include <ddp/job_secret.hpp>
@@ -10,6 +11,15 @@
 #include <ddp/work.hpp>
 
 namespace ddp::gloo {
+
+/// Files of gloo's TLS transport (PEM): this rank's key and certificate, and the CAs that signed
+/// its peers' (a file, a directory, or both).
+struct tls_files {
+  std::string private_key;  ///< this rank's private key
+  std::string certificate;  ///< this rank's certificate
+  std::string ca_file;      ///< CA certificates to verify peers with ("" if `ca_path` is given)
+  std::string ca_path;      ///< directory of CA certificates ("" if `ca_file` is given)
+};
 
 /// How a gloo communicator connects and how long its operations may take.
 struct options {
@@ -29,6 +39,10 @@ struct options {
   /// `scripts/ddp-run` sets; empty (unset) = pairs are not authenticated. Every rank needs the
   /// same one: docs/security.md.
   job_secret secret = job_secret::from_environment();
+  /// Encrypt and mutually authenticate every pair with gloo's TLS transport. Only where gloo was
+  /// built with it (GLOO_HAVE_TRANSPORT_TCP_TLS; Debian's libgloo is not): elsewhere asking for
+  /// it is a usage_error. The job secret authenticates without encrypting (docs/security.md).
+  std::optional<tls_files> tls{};
   /// Namespace of the communicator's keys inside the store it is given.
   std::string key_prefix = "gloo/";
   /// f16/bf16 are reduced in f32 on the wire: one rounding at the end, like the local backend,
