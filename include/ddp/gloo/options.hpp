@@ -15,10 +15,10 @@ namespace ddp::gloo {
 /// Files of gloo's TLS transport (PEM): this rank's key and certificate, and the CAs that signed
 /// its peers' (a file, a directory, or both).
 struct tls_files {
-  std::string private_key;  ///< this rank's private key
-  std::string certificate;  ///< this rank's certificate
-  std::string ca_file;      ///< CA certificates to verify peers with ("" if `ca_path` is given)
-  std::string ca_path;      ///< directory of CA certificates ("" if `ca_file` is given)
+  std::string private_key{};  ///< this rank's private key
+  std::string certificate{};  ///< this rank's certificate
+  std::string ca_file{};      ///< CA certificates to verify peers with ("" if `ca_path` is given)
+  std::string ca_path{};      ///< directory of CA certificates ("" if `ca_file` is given)
 };
 
 /// How a gloo communicator connects and how long its operations may take.
