@@ -33,7 +33,9 @@ class job_secret {
 
   /// No secret: peers are not authenticated.
   job_secret() = default;
+  /// Takes `other`'s bytes; `other` is left empty.
   job_secret(job_secret&& other) noexcept : bytes_(std::move(other.bytes_)) { other.bytes_.clear(); }
+  /// Wipes this secret, then takes `other`'s bytes; `other` is left empty.
   job_secret& operator=(job_secret&& other) noexcept {
     if (this != &other) {
       wipe();
@@ -42,7 +44,9 @@ class job_secret {
     }
     return *this;
   }
+  /// A copy of `other`'s bytes.
   job_secret(const job_secret& other) : bytes_(other.bytes_) {}
+  /// Wipes this secret, then copies `other`'s bytes.
   job_secret& operator=(const job_secret& other) {
     if (this != &other) {
       wipe();
@@ -50,6 +54,7 @@ class job_secret {
     }
     return *this;
   }
+  /// Wipes the bytes.
   ~job_secret() { wipe(); }
 
   /// The secret `text` (at least `min_bytes` bytes). @throws usage_error if shorter

@@ -1,6 +1,7 @@
 #pragma once
 // A real redis-server for one test: started on a free loopback port with persistence off,
-// stopped (SIGTERM, then SIGKILL) when the object goes away.
+// stopped (SIGTERM, then SIGKILL) when the object goes away. Extra configuration lines
+// (`requirepass`, `user ...`) go to a 0600 file in its directory, not on its command line.
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -63,9 +65,20 @@ inline bool port_accepts(int port) {
 
 class redis_server {
  public:
-  /// Starts redis-server on `port` (a free one if 0) with its files in `dir`.
-  redis_server(const std::string& exe, const std::filesystem::path& dir, int port = 0)
+  /// Starts redis-server on `port` (a free one if 0) with its files in `dir`, and `config`
+  /// (redis.conf lines, such as "requirepass secret") on top of the defaults.
+  redis_server(const std::string& exe, const std::filesystem::path& dir, int port = 0,
+               const std::vector<std::string>& config = {})
       : exe_(exe), dir_(dir), port_(port ? port : free_port()) {
+    if (!config.empty()) {
+      conf_ = dir_ / "redis.conf";
+      {
+        std::ofstream out(conf_);
+        for (const auto& line : config) out << line << "\n";
+        if (!out.flush()) throw std::runtime_error("cannot write " + conf_.string());
+      }
+      std::filesystem::permissions(conf_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    }
     start();
   }
   redis_server(const redis_server&) = delete;
@@ -101,15 +114,19 @@ class redis_server {
   void start() {
     const std::string port = std::to_string(port_);
     const std::string dir = dir_.string();
+    const std::string conf = conf_.string();
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
       const int devnull = ::open("/dev/null", O_WRONLY);
       if (devnull >= 0) ::dup2(devnull, STDOUT_FILENO);
-      std::vector<const char*> argv{
-          exe_.c_str(), "--port", port.c_str(), "--bind",      "127.0.0.1", "--save",     "",        "--appendonly",
-          "no",         "--dir",  dir.c_str(),  "--daemonize", "no",        "--loglevel", "warning", "--protected-mode",
-          "yes",        nullptr};
+      std::vector<const char*> argv{exe_.c_str()};
+      if (!conf.empty()) argv.push_back(conf.c_str());  // the file comes first, the options after it
+      for (const char* a : {"--port", port.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+                            dir.c_str(), "--daemonize", "no", "--loglevel", "warning", "--protected-mode", "yes"}) {
+        argv.push_back(a);
+      }
+      argv.push_back(nullptr);
       ::execv(exe_.c_str(), const_cast<char* const*>(argv.data()));
       std::_Exit(127);
     }
@@ -128,6 +145,7 @@ class redis_server {
  private:
   std::string exe_;
   std::filesystem::path dir_;
+  std::filesystem::path conf_;  // empty: no configuration file
   int port_;
   pid_t pid_ = -1;
 };

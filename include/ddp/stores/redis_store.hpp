@@ -8,21 +8,37 @@
 /// connection is re-established on the next call (gloo's store object is dead for good once the
 /// server restarts); and counters (INCRBY) and prefix deletion (SCAN + DEL) are available.
 /// Values are `v:<key>` strings holding framed bytes (see stores/codec.hpp); counters are
-/// `c:<key>` integers. Connects to 127.0.0.1:6379 unless told otherwise.
+/// `c:<key>` integers (an ACL user restricted to one job needs `~v:<job>/* ~c:<job>/*`). Connects to
+/// 127.0.0.1:6379 unless told otherwise.
+///
+/// Authentication: the password comes from a file only its owner may read, or from the
+/// environment, never from an option a program would fill from its command line (visible to
+/// every user of the host). Every (re)connection authenticates (AUTH, as an ACL user if one is
+/// named) and selects the database. No TLS: hiredis 0.14 has none, and TLS through hiredis_ssl
+/// (hiredis 1.x) is not implemented here, so `tls = true` is refused; reach a remote server
+/// through a TLS tunnel (stunnel, spiped) listening on loopback.
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -169,6 +185,62 @@ inline void cap_reply_arrays(redisReader& reader) {
   if (table != nullptr && reader.fn != nullptr && reader.fn->createArray == capped::base) reader.fn = table;
 }
 
+/// Largest password file read: a password is one line, anything larger is the wrong file.
+inline constexpr std::size_t max_password_file_bytes = 64 * 1024;
+
+/// The password in the file at `path`: its one line, without the final newline. Like ssh with a
+/// private key (and job_secret::from_file), refuses a file group or others may access (they would
+/// hold the password too) or that another user owns.
+/// @throws usage_error naming the file and what is wrong with it, never its content
+[[nodiscard]] inline std::string read_password_file(const std::filesystem::path& path, const std::string& op) {
+  const auto fail = [&](const std::string& what) {
+    return usage_error(-1, op, "password file '" + path.string() + "' " + what);
+  };
+  const auto errno_text = [](int e) { return std::generic_category().message(e); };
+  // O_NONBLOCK: a FIFO put in its place must not block the open. The checks are fstat's, on the
+  // file opened, so the file read is the file checked.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) throw fail("cannot be opened: " + errno_text(errno));
+  struct fd_closer {
+    int fd;
+    ~fd_closer() { ::close(fd); }
+  } const closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw fail("cannot be examined: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) throw fail("is not a regular file");
+  if (st.st_uid != ::geteuid()) {  // its owner could change the password under us (as job_secret::from_file)
+    throw fail("belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+               std::to_string(::geteuid()) + ")");
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8] = {};
+    (void)std::to_chars(mode, mode + sizeof(mode) - 1, st.st_mode & 07777, 8);
+    throw fail("may be accessed by group or others (mode 0" + std::string(mode) +
+               "): they could read the password; make it 0600 or 0400 (chmod 600)");
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > max_password_file_bytes) {
+    throw fail("is larger than " + std::to_string(max_password_file_bytes) + " bytes: not a password file");
+  }
+  std::string text(max_password_file_bytes + 1, '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw fail("cannot be read: " + errno_text(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > max_password_file_bytes) throw fail("grew past " + std::to_string(max_password_file_bytes) + " bytes");
+  text.resize(got);
+  if (text.ends_with('\n')) text.pop_back();
+  if (text.ends_with('\r')) text.pop_back();
+  if (text.empty()) throw fail("is empty");
+  if (text.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+    throw fail("holds more than one line (or a NUL byte): a password is one line, a final newline is fine");
+  }
+  return text;
+}
+
 }  // namespace detail
 
 /// Where the Redis server is and how long to wait for it.
@@ -179,14 +251,35 @@ struct redis_options {
   std::chrono::milliseconds command_timeout{5000};        ///< one command's round trip
   std::chrono::milliseconds poll_interval{5};             ///< longest sleep between checks in `wait`
   std::size_t max_value_bytes = default_max_value_bytes;  ///< larger values are rejected both ways
+  /// ACL user to authenticate as (Redis 6+); empty: the one in `$<username_env>`, if any, else
+  /// the default user. Needs a password.
+  std::string username{};
+  /// Environment variable read for the ACL user when `username` is empty; empty: none.
+  std::string username_env = "DDP_REDIS_USERNAME";
+  /// File holding the password: one line, in a regular file of this user's no one else may access (0600 or
+  /// 0400, as ssh requires of a private key); read once, by the constructor. Wins over
+  /// `password_env`. There is deliberately no option holding the password itself: programs fill
+  /// options from their command line, which every user of the host can read (ps, /proc).
+  std::filesystem::path password_file{};
+  /// Environment variable read for the password when `password_file` is empty (unset or empty:
+  /// no password); empty: none.
+  std::string password_env = "DDP_REDIS_PASSWORD";
+  /// Database number (SELECT), on every connection; the server's `databases` setting bounds it.
+  int database = 0;
+  /// TLS to the server. Not available in this store (see the file comment): true is a
+  /// usage_error pointing at a TLS tunnel, rather than a silently plaintext connection.
+  bool tls = false;
 };
 
 /// A store on a Redis server. Move-only; thread-safe (one connection, used under a lock).
 class redis_store {
  public:
-  /// Connects at once, so that a wrong address fails here.
-  /// @throws communication_error if the server cannot be reached
+  /// Reads the credentials, then connects, authenticates and selects the database at once, so
+  /// that a wrong address or password fails here.
+  /// @throws usage_error for unusable options (a password file others may read, TLS, ...)
+  /// @throws communication_error if the server cannot be reached or refuses the credentials
   explicit redis_store(redis_options opts = {}) : opts_(std::move(opts)), m_(std::make_unique<std::mutex>()) {
+    configure("redis_store");
     std::lock_guard lk(*m_);
     connect("redis_store");
   }
@@ -247,8 +340,15 @@ class redis_store {
   }
 
   /// Removes the values and counters under `prefix` (SCAN + DEL; not atomic as a whole).
+  /// @throws usage_error for an empty prefix: on a shared server it would erase other jobs' keys
   std::size_t erase_prefix(std::string_view prefix) {
-    detail::check_key(prefix, "store erase_prefix", /*allow_empty=*/true);
+    if (prefix.empty()) {
+      throw usage_error(-1, "store erase_prefix",
+                        "refusing an empty prefix: it would erase every ddp key on " + where() +
+                            ", other jobs' too where the server is shared; name the job's prefix "
+                            "(through a prefix_store, erase_prefix(\"\") erases the view only)");
+    }
+    detail::check_key(prefix, "store erase_prefix");
     // Keys are restricted to characters that are not glob syntax, so the pattern needs no escaping.
     const std::string pattern = "[vc]:" + std::string(prefix) + "*";
     std::string cursor = "0";
@@ -289,6 +389,83 @@ class redis_store {
 
   std::string where() const { return "redis " + opts_.host + ":" + std::to_string(opts_.port); }
 
+  std::string user() const { return username_.empty() ? "the default user" : "user '" + username_ + "'"; }
+
+  // Checks the options and reads the credentials, once: a password file removed after the start
+  // does not break reconnections, and getenv runs before any thread of ours could race a setenv.
+  void configure(const std::string& op) {
+    if (opts_.tls) {
+      throw usage_error(-1, op,
+                        "TLS was requested for " + where() + ", but redis_store has no TLS (hiredis " +
+                            std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR) + "." +
+                            std::to_string(HIREDIS_PATCH) +
+                            " here; hiredis_ssl is not used): reach the server through a TLS tunnel (stunnel "
+                            "or spiped) listening on loopback, point host and port at it, and leave tls false");
+    }
+    if (opts_.database < 0) {
+      throw usage_error(-1, op,
+                        "database " + std::to_string(opts_.database) + " for " + where() +
+                            " is negative: Redis numbers its databases from 0");
+    }
+    const auto from_env = [](const std::string& name) -> std::string {
+      const char* v = name.empty() ? nullptr : std::getenv(name.c_str());
+      return v != nullptr ? std::string(v) : std::string();
+    };
+    username_ = !opts_.username.empty() ? opts_.username : from_env(opts_.username_env);
+    if (!opts_.password_file.empty()) {
+      password_ = detail::read_password_file(opts_.password_file, op);
+      password_source_ = "password file '" + opts_.password_file.string() + "'";
+    } else if (password_ = from_env(opts_.password_env); !password_.empty()) {
+      password_source_ = "$" + opts_.password_env;
+    }
+    if (!username_.empty() && password_.empty()) {
+      throw usage_error(-1, op, "ACL user '" + username_ + "' for " + where() + " has no password: " + password_hint());
+    }
+  }
+
+  std::string password_hint() const {
+    return "name a file holding it in redis_options::password_file (mode 0600)" +
+           (opts_.password_env.empty() ? std::string() : ", or set $" + opts_.password_env);
+  }
+
+  // The server's error reply to a step of the handshake, explained. Never the password: the
+  // server does not echo it, and a reply that contains it anyway is not shown.
+  [[noreturn]] void refused(const std::string& op, const std::string& step, const redisReply& r) const {
+    std::string said(r.str, r.len);
+    if (!password_.empty() && said.find(password_) != std::string::npos)
+      said = "(reply not shown: it holds the password)";
+    if (said.starts_with("NOAUTH")) {
+      throw communication_error(
+          -1, op, where() + " requires a password, and none was given (" + said + "): " + password_hint());
+    }
+    if (said.starts_with("WRONGPASS")) {
+      throw communication_error(
+          -1, op, where() + " refused " + user() + " with the password from " + password_source_ + " (" + said + ")");
+    }
+    throw communication_error(-1, op, where() + " refused " + step + " (" + said + ")");
+  }
+
+  // Caller holds the lock; the connection is new. A restarted server remembers neither AUTH nor
+  // SELECT, so both are sent on every connection. With neither, a PING makes a server that wants
+  // a password say so here rather than at the first command.
+  void handshake(const std::string& op) {
+    if (!password_.empty()) {
+      std::vector<std::string_view> auth{"AUTH"};
+      if (!username_.empty()) auth.emplace_back(username_);
+      auth.emplace_back(password_);
+      if (reply r = send(op, auth); r->type == REDIS_REPLY_ERROR) {
+        refused(op, "AUTH as " + user() + " with the password from " + password_source_, *r);
+      }
+    }
+    if (opts_.database != 0) {
+      const std::string db = std::to_string(opts_.database);
+      if (reply r = send(op, {"SELECT", db}); r->type == REDIS_REPLY_ERROR) refused(op, "database " + db, *r);
+    }
+    if (password_.empty() && opts_.database == 0) {
+      if (reply r = send(op, {"PING"}); r->type == REDIS_REPLY_ERROR) refused(op, "PING", *r);
+    }
+  }
+
   // Caller holds the lock.
   void connect(const std::string& op) {
     ctx_.reset(redisConnectWithTimeout(opts_.host.c_str(), opts_.port, to_timeval(opts_.connect_timeout)));
@@ -303,23 +480,38 @@ class redis_store {
       ctx_.reset();
       throw communication_error(-1, op, "cannot set the command timeout on the connection to " + where());
     }
+    try {
+      handshake(op);
+    } catch (...) {
+      ctx_.reset();  // not authenticated: the next command starts over
+      throw;
+    }
   }
 
   static std::vector<std::string_view> to_views(const std::vector<std::string>& args) {
     return {args.begin(), args.end()};
   }
 
-  // One command, binary safe. A broken connection is dropped and re-made by the next command,
-  // so a restarted server is usable again; the failing command itself throws.
+  // One command, binary safe. A broken connection is dropped and re-made (and authenticated
+  // again) by the next command, so a restarted server is usable again; the failing command itself
+  // throws.
   reply command(const std::string& op, std::vector<std::string_view> args) {
+    std::lock_guard lk(*m_);
+    if (!ctx_) connect(op);
+    reply r = send(op, args);
+    detail::throw_if_error_reply(*r, op, where());
+    return r;
+  }
+
+  // One command on the open connection; error replies are returned. A lost connection is
+  // dropped and thrown. Caller holds the lock. Errors never show `args` (AUTH holds the password).
+  reply send(const std::string& op, const std::vector<std::string_view>& args) {
     std::vector<const char*> argv;
     std::vector<std::size_t> argl;
     for (auto a : args) {
       argv.push_back(a.data());
       argl.push_back(a.size());
     }
-    std::lock_guard lk(*m_);
-    if (!ctx_) connect(op);
     const sigpipe_guard no_sigpipe;  // hiredis writes with write(2): a dead server must not kill us
     auto* raw =
         static_cast<redisReply*>(redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), argl.data()));
@@ -331,9 +523,7 @@ class redis_store {
       ctx_.reset();
       throw communication_error(-1, op, where() + ": " + why);
     }
-    reply r(raw);
-    detail::throw_if_error_reply(*r, op, where());
-    return r;
+    return reply(raw);
   }
 
   void expect(const reply& r, int type, const std::string& op) const { detail::expect_reply(*r, type, op, where()); }
@@ -356,6 +546,9 @@ class redis_store {
   }
 
   redis_options opts_;
+  std::string username_;           // resolved from the options or the environment; empty: default
+  std::string password_;           // empty: no AUTH. Never in a message
+  std::string password_source_;    // where the password came from, for messages
   std::unique_ptr<std::mutex> m_;  // in a box so the store can move
   std::unique_ptr<redisContext, context_deleter> ctx_;
 };
