@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -47,11 +49,20 @@ ddp::communicator_factory mpi_factory() {
   };
 }
 
+// A fresh 0700 directory made by rank 0 with mkdtemp (no name another user can guess and create
+// first), its name broadcast to the other ranks of this node.
 std::string job_dir(ddp::mpi::communicator& comm, const std::string& tag) {
-  std::vector<std::int64_t> pid{comm.rank() == 0 ? static_cast<std::int64_t>(::getpid()) : 0};
-  ddp::communicator_ref(comm).broadcast(pid, 0).wait();
-  return (std::filesystem::temp_directory_path() / ("ddp-manager-bench-" + std::to_string(pid[0]) + "-" + tag))
-      .string();
+  std::string pattern = (std::filesystem::temp_directory_path() / ("ddp-manager-bench-" + tag + "-XXXXXX")).string();
+  std::vector<std::int64_t> chars(pattern.size(), 0);
+  if (comm.rank() == 0) {
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      std::perror("manager_bench: mkdtemp");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::copy(pattern.begin(), pattern.end(), chars.begin());
+  }
+  ddp::communicator_ref(comm).broadcast(chars, 0).wait();
+  return std::string(chars.begin(), chars.end());
 }
 
 ddp::manager_options options_for(int rank) {

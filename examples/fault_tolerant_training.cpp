@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -223,8 +224,14 @@ std::optional<std::pair<pid_t, int>> start_redis(const std::string& exe, const s
 }
 
 int launch(const std::string& self, config c) {
-  c.dir = (std::filesystem::temp_directory_path() / ("ddp-ft-" + std::to_string(::getpid()))).string();
-  std::filesystem::create_directories(c.dir);
+  // mkdtemp: a fresh 0700 directory under a name nobody can guess and create first (the store
+  // refuses a directory another user owns or can write to).
+  std::string pattern = (std::filesystem::temp_directory_path() / "ddp-ft-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    std::printf("launcher: cannot create a directory from %s: %s\n", pattern.c_str(), std::strerror(errno));
+    return 1;
+  }
+  c.dir = pattern;
   pid_t redis = -1;
   if (c.store == "redis") {
     const auto exe = find_on_path("redis-server");

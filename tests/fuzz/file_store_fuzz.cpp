@@ -1,13 +1,15 @@
 // Fuzz target: file_store reading what another process left in its directory
 // (stores/file_store.hpp): the input becomes the file of a value (`v.<key>`) and of a counter
-// (`c.<key>`), then the store reads them through get and add.
+// (`c.<key>`), then the store reads them through get and add; and the file of a 256-byte key's
+// value (a hashed name; the file starts with the key and a newline, `long_key` below).
 //
 // An input starting with one of the bytes below is a directory entry of another kind instead:
 //   0xF0  a directory       0xF1  a FIFO (named pipe)       0xF2  a symlink to /dev/zero
 //   0xF3  a symlink to itself (ELOOP)                        0xF4  a dangling symlink
 //
-// Properties: malformed or unreadable entries are communication_errors (never a crash, a hang
-// or a read of more than the limit); what decodes round-trips through the encoder.
+// Properties: malformed or unreadable entries and every symlink (never followed) are
+// communication_errors (never a crash, a hang or a read of more than the limit); what decodes
+// round-trips through the encoder.
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -34,6 +36,23 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr std::size_t small_limit = 100;
+
+// The longest key; tests/fuzz/make_corpus.cpp writes a seed for it.
+const std::string long_key = "job/" + std::string(ddp::max_key_bytes - 4, 'k');
+
+bool is_link(const std::uint8_t* data, std::size_t size) { return size > 0 && data[0] >= 0xF2 && data[0] <= 0xF4; }
+
+// The name of `key`'s value file, as the store made it.
+const fs::path& long_value_path(st::file_store& s) {
+  static const fs::path p = [&] {
+    s.set(long_key, {});
+    for (const auto& e : fs::directory_iterator(s.directory())) {
+      if (e.path().filename().string().find('~') != std::string::npos) return e.path();
+    }
+    std::abort();
+  }();
+  return p;
+}
 
 // One directory per process, on tmpfs when there is one; removed at exit.
 const fs::path& directory() {
@@ -91,13 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (st::file_store* s : {&small, &large}) {
     try {
       const std::optional<ddp::store_value> v = s->get("job/key");
-      // The entry exists: a value or an error, except a dangling symlink, which is no value (as
-      // for `wait`, which follows links).
-      if (size > 0 && data[0] == 0xF4) {
-        FUZZ_CHECK(!v.has_value());
-        continue;
-      }
-      FUZZ_CHECK(v.has_value());
+      FUZZ_CHECK(!is_link(data, size));  // a link is refused
+      FUZZ_CHECK(v.has_value());         // the entry exists: a value or an error
       FUZZ_CHECK(fuzz::same_bytes(st::detail::encode_frame(*v), raw));
       FUZZ_CHECK(v->size() <= (s == &small ? small_limit : ddp::default_max_value_bytes));
     } catch (const ddp::communication_error&) {
@@ -107,14 +121,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   make_entry(dir / "c.job%count", data, size);
   try {
     const std::int64_t before = small.add("job/count", 0);
-    if (size > 0 && data[0] == 0xF4) {
-      FUZZ_CHECK(before == 0);  // no counter yet
-    } else {
-      FUZZ_CHECK(fuzz::same_bytes(st::detail::encode_counter(before), raw));
-    }
+    FUZZ_CHECK(!is_link(data, size));
+    FUZZ_CHECK(fuzz::same_bytes(st::detail::encode_counter(before), raw));
     // A counter that reads back can be incremented (two's complement wrap-around).
     const std::int64_t after = small.add("job/count", 1);
     FUZZ_CHECK(static_cast<std::uint64_t>(after) == static_cast<std::uint64_t>(before) + 1);
+  } catch (const ddp::communication_error&) {
+  }
+
+  // A hashed name: only "<long_key>\n" followed by a valid frame decodes.
+  const fs::path& long_path = long_value_path(large);
+  make_entry(long_path, data, size);
+  try {
+    const std::optional<ddp::store_value> v = large.get(long_key);
+    FUZZ_CHECK(!is_link(data, size));
+    FUZZ_CHECK(v.has_value());
+    auto expected = ddp::store_value(reinterpret_cast<const std::byte*>(long_key.data()),
+                                     reinterpret_cast<const std::byte*>(long_key.data() + long_key.size()));
+    expected.push_back(std::byte{'\n'});
+    const auto frame = st::detail::encode_frame(*v);
+    expected.insert(expected.end(), frame.begin(), frame.end());
+    FUZZ_CHECK(fuzz::same_bytes(expected, raw));
   } catch (const ddp::communication_error&) {
   }
   return 0;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <ddp/job_secret.hpp>
 #include <ddp/stores/file_store.hpp>
 #include <ddp/stores/redis_store.hpp>
 
@@ -59,18 +60,32 @@ void hosts_tool(const std::string& args) {
   REQUIRE(std::system(cmd.c_str()) == 0);
 }
 
-// redis-server on h1, reachable from every host; stopped (SIGKILL) with the object.
+// redis-server on h1, reachable from every host, with a fresh password (docs/security.md: a Redis
+// on the network needs one): in a 0600 config file for the server and in $DDP_REDIS_PASSWORD,
+// which the replicas forked later inherit. Stopped (SIGKILL) with the object.
 class redis_on_h1 {
  public:
   redis_on_h1() {
     const auto exe = gloo_test::find_redis_server();
     if (!exe) throw std::runtime_error("redis-server not found");
+    const std::string password = ddp::job_secret::random_hex(16);
+    const std::string conf = (config_dir_.path() / "redis.conf").string();
+    {
+      const int fd = ::open(conf.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+      if (fd < 0) throw std::runtime_error("cannot create " + conf);
+      const std::string line = "requirepass " + password + "\n";
+      const bool written = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      ::close(fd);
+      if (!written) throw std::runtime_error("cannot write " + conf);
+    }
+    ::setenv("DDP_REDIS_PASSWORD", password.c_str(), 1);
     pid_ = ::fork();
     if (pid_ == 0) {
       enter_host("h1");
       const std::string port = std::to_string(redis_port);
-      ::execl(exe->c_str(), exe->c_str(), "--port", port.c_str(), "--bind", "10.77.0.1", "--save", "", "--appendonly",
-              "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "warning", static_cast<char*>(nullptr));
+      ::execl(exe->c_str(), exe->c_str(), conf.c_str(), "--port", port.c_str(), "--bind", "10.77.0.1", "--save", "",
+              "--appendonly", "no", "--protected-mode", "no", "--logfile", "", "--loglevel", "warning",
+              static_cast<char*>(nullptr));
       std::_Exit(127);
     }
   }
@@ -79,9 +94,11 @@ class redis_on_h1 {
   ~redis_on_h1() {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
+    ::unsetenv("DDP_REDIS_PASSWORD");
   }
 
  private:
+  temp_dir config_dir_{"hosts-redis"};
   pid_t pid_ = -1;
 };
 

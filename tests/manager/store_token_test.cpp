@@ -2,6 +2,7 @@
 // unique id reaches a quorum), over threads, with the stores the Manager tests use.
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstddef>
 #include <filesystem>
 #include <stdexcept>
@@ -79,8 +80,9 @@ TEST_CASE("share_store_token: rank 0's token reaches every rank, generated once"
 }
 
 TEST_CASE("share_store_token works through a file store", "[local][manager][store]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ddp_store_token_" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::string pattern = (std::filesystem::temp_directory_path() / "ddp_store_token_XXXXXX").string();
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);  // 0700, a name nobody can take first
+  const std::filesystem::path dir = pattern;
   {
     ddp::stores::file_store store(dir);
     const auto o = run_ranks(3, [&](int r) {

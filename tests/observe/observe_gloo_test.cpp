@@ -1,8 +1,8 @@
 // gloo connect reports which ranks have not published their address while it waits.
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,9 +14,9 @@
 using namespace std::chrono_literals;
 
 TEST_CASE("gloo connect: progress names the missing rank", "[gloo][progress]") {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("ddp-observe-gloo-" + std::to_string(std::random_device{}()));
-  std::filesystem::create_directories(dir);
+  std::string pattern = (std::filesystem::temp_directory_path() / "ddp-observe-gloo-XXXXXX").string();
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);  // 0700, a name nobody can take first
+  const std::filesystem::path dir = pattern;
   ddp::stores::file_store store(dir.string());
   std::mutex mu;
   std::vector<ddp::progress_update> got;

@@ -109,16 +109,24 @@ struct arrival {
   return out;
 }
 // Progress of the first arrival: how many arrived and, if the expected ids are known, who not.
+// Reading the ids is one store read per arrival: it stops at `deadline` (then the report names
+// nobody), so a slow store or a crowd of arrivals never holds the group past its deadline.
 template <store S>
-void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const group_options& opts) {
+void report_arrivals(S& s, progress_meter& meter, std::int64_t arrived, const group_options& opts,
+                     std::chrono::steady_clock::time_point deadline) {
   std::vector<std::string> missing;
   if (!opts.expected.empty()) {
     std::vector<std::string> present;
+    bool complete = true;
     for (std::int64_t i = 0; i < arrived; ++i) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        complete = false;
+        break;
+      }
       if (auto v = s.get("members/" + std::to_string(i))) present.push_back(to_text(*v));
     }
     for (const auto& id : opts.expected) {
-      if (std::find(present.begin(), present.end(), id) == present.end()) missing.push_back(id);
+      if (complete && std::find(present.begin(), present.end(), id) == present.end()) missing.push_back(id);
     }
   }
   const int expected = opts.expected.empty() ? opts.min_members : static_cast<int>(opts.expected.size());
@@ -205,7 +213,7 @@ template <store S>
     for (;;) {
       arrived = s.add("members/arrivals", 0);
       if (arrived >= opts.max_members) break;
-      if (meter.due()) detail::report_arrivals(s, meter, arrived, opts);
+      if (meter.due()) detail::report_arrivals(s, meter, arrived, opts, deadline);
       const auto now = std::chrono::steady_clock::now();
       if (arrived >= opts.min_members) {
         if (!enough) {
@@ -279,11 +287,17 @@ template <store S>
     if (!claimed_by_other) {
       const std::int64_t arrived = s.add("members/arrivals", 0);
       std::vector<detail::arrival> present;
+      bool scanned = true;  // every arrival read before the deadline: a partial view never closes
       for (std::int64_t i = 0; i < arrived; ++i) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          scanned = false;
+          break;
+        }
         const auto v = s.get("members/" + std::to_string(i));
         if (!v || s.get("members/gone/" + std::to_string(i))) continue;  // not published yet, or left
         present.push_back({i, detail::arrived_id(to_text(*v), i)});
       }
+      if (!scanned) continue;  // the top of the loop times out
       std::vector<std::string> ids;
       for (const auto& a : present) ids.push_back(a.id);
       const int n = static_cast<int>(present.size());
