@@ -12,9 +12,11 @@
 // round-trips through the encoder.
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,15 +56,25 @@ const fs::path& long_value_path(st::file_store& s) {
   return p;
 }
 
-// One directory per process, on tmpfs when there is one; removed at exit.
+// One directory per process, on tmpfs when there is one; removed at exit. libFuzzer ends a run
+// that crashed or timed out with _Exit, so each directory carries its process id and the next
+// run removes those whose process is gone.
 const fs::path& directory() {
   static const fs::path dir = [] {
     const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-    std::string tmpl = (base / "ddp-fuzz-file-store-XXXXXX").string();
+    const std::string prefix = "ddp-fuzz-file-store-";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(base, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+      if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) fs::remove_all(e.path(), ec);
+    }
+    std::string tmpl = (base / (prefix + std::to_string(::getpid()) + "-XXXXXX")).string();
     if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
     std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
+      std::error_code ec2;
+      fs::remove_all(dir, ec2);
     });
     return fs::path(tmpl);
   }();

@@ -6,18 +6,26 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <ddp/manager/exchange.hpp>
 #include <ddp/manager/record.hpp>
+#include <ddp/shm/layout.hpp>
+#include <ddp/shm/posix_segment.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/codec.hpp>
 #include <ddp/stores/membership.hpp>
+
+#include "shm_input.hpp"
 
 namespace fs = std::filesystem;
 namespace st = ddp::stores::detail;
@@ -89,6 +97,110 @@ bytes enroll_input(std::int64_t arrived_before, int max_members, std::string_vie
   return b;
 }
 
+// shm_layout, shm_names, shm_descriptors: the bytes shm/layout.hpp, shm/posix_segment.hpp and
+// shm/node_engine.hpp read (input layouts in the targets' comments and shm_input.hpp).
+void put_le(bytes& b, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) b.push_back(static_cast<std::byte>(v >> (8 * i)));
+}
+template <class T>
+void put_raw(bytes& b, const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  b.insert(b.end(), p, p + sizeof v);
+}
+
+void shm_seeds() {
+  namespace shm = ddp::shm;
+  namespace in = fuzz::shm_input;
+  const auto layout_input = [](std::uint64_t n, std::uint64_t chunk, std::uint64_t arena, std::uint8_t q,
+                               std::uint64_t offset, std::uint64_t len) {
+    bytes b;
+    put_le(b, n, 2);
+    put_le(b, chunk, 8);
+    put_le(b, arena, 8);
+    put_le(b, q, 1);
+    put_le(b, offset, 8);
+    put_le(b, len, 8);
+    return b;
+  };
+  const shm::segment_layout l2(2, 4096, 8192);
+  const auto max = std::numeric_limits<std::uint64_t>::max();
+  write("shm_layout", "two-ranks-slot", layout_input(2, 4096, 8192, 1, l2.slot(1, 0), 4096));
+  write("shm_layout", "two-ranks-arena", layout_input(2, 4096, 8192, 0x81, l2.arena(1) + 256, 1024));
+  write("shm_layout", "defaults-8-ranks", layout_input(8, 256 << 10, 256 << 20, 3, 0, 0));
+  write("shm_layout", "bad-chunk-max", layout_input(2, max, 0, 0, 0, 0));
+  write("shm_layout", "bad-chunk-wraps-to-0", layout_input(2, max - 100, 0, 0, 0, 0));
+  write("shm_layout", "bad-chunk-2-61", layout_input(4, std::uint64_t{1} << 61, 0, 0, 0, 0));
+  write("shm_layout", "bad-arena-max", layout_input(2, 4096, max, 0, 0, 0));
+  write("shm_layout", "bad-node-size-0", layout_input(0, 4096, 0, 0, 0, 0));
+  write("shm_layout", "bad-offset-past-end", layout_input(2, 4096, 8192, 1, l2.total_bytes() - 16, 4096));
+
+  using record = shm::detail::posix_setup_record;
+  const auto records = [](std::initializer_list<record> rs) {
+    bytes b;
+    for (const auto& r : rs) put_raw(b, r);
+    return b;
+  };
+  record named, plain, failed, bad;
+  std::snprintf(named.name, sizeof named.name, "%s", "/ddp-shm-1f2e-0-0123456789abcdef");
+  failed.failed = static_cast<std::int32_t>(shm::posix_segment::step::fallocate);
+  failed.error = 28;  // ENOSPC
+  write("shm_names", "leader-and-one", records({named, plain}));
+  write("shm_names", "two-nodes", records({named, plain, named, plain}));
+  write("shm_names", "fallocate-failed", records({failed, plain, plain}));
+  bad = plain;
+  bad.failed = static_cast<std::int32_t>(shm::posix_segment::step::config_mismatch);
+  write("shm_names", "options-differ", records({plain, bad}));
+  bad = named;
+  std::snprintf(bad.name, sizeof bad.name, "%s", "/ddp-shm-../../dev/zero");
+  write("shm_names", "bad-name-path", records({bad, plain}));
+  bad = named;
+  std::memset(bad.name, 'a', sizeof bad.name);
+  write("shm_names", "bad-name-unterminated", records({bad, plain}));
+  bad = plain;
+  bad.failed = 1000;
+  write("shm_names", "bad-step", records({plain, bad}));
+
+  // shm_descriptors: an honest peer's descriptors for several calls (some with the header too),
+  // then damaged ones.
+  for (const int sel : {0x00, 0x40, 0x44, 0x03, 0x07, 0x01, 0x45, 0x02, 0x46, 0x48, 0x4d, 0x5c, 0x60, 0x70}) {
+    const auto sh = in::decode(static_cast<std::uint8_t>(sel));
+    bytes b{static_cast<std::byte>(sel)};
+    put_le(b, 0, 8);  // not aborted
+    for (const auto& d : in::descriptors(sh, 1 - sh.me)) put_raw(b, d);
+    char name[32];
+    std::snprintf(name, sizeof name, "call-%02x", sel);
+    write("shm_descriptors", name, b);
+    if (sel == 0x40 || sel == 0x46) {
+      std::vector<std::byte> seg(4096);
+      in::layout().initialise(seg.data());
+      b.insert(b.end(), seg.begin(), seg.begin() + in::header_bytes);
+      write("shm_descriptors", std::string(name) + "-header", b);
+      b[in::header_at] ^= std::byte{1};
+      write("shm_descriptors", std::string(name) + "-bad-magic", b);
+    }
+  }
+  using descs = std::vector<shm::chunk_descriptor>;
+  const auto damaged = [](const char* name, int sel, auto change) {
+    const auto sh = in::decode(static_cast<std::uint8_t>(sel));
+    descs ds = in::descriptors(sh, 1 - sh.me);
+    std::uint32_t aborted = 0;
+    change(ds, aborted);
+    bytes b{static_cast<std::byte>(sel)};
+    put_le(b, aborted, 4);
+    put_le(b, 1, 4);
+    for (const auto& d : ds) put_raw(b, d);
+    write("shm_descriptors", name, b);
+  };
+  const auto l = in::layout();
+  damaged("bad-offset-end", 0x40, [&](descs& ds, std::uint32_t&) { ds[1].offset = l.total_bytes() - 16; });
+  damaged("bad-offset-huge", 0x00, [&](descs& ds, std::uint32_t&) { ds[0].offset = std::uint64_t{1} << 63; });
+  damaged("bad-offset-other-rank", 0x00, [&](descs& ds, std::uint32_t&) { ds[0].offset = l.slot(0, 0); });
+  damaged("bad-offset-control", 0x06, [&](descs& ds, std::uint32_t&) { ds[0].offset = l.control(0); });
+  damaged("bad-other-call", 0x00, [&](descs& ds, std::uint32_t&) { ds[0].op_seq += 1; });
+  damaged("bad-count", 0x44, [&](descs& ds, std::uint32_t&) { ds[1].count = 1 << 30; });
+  damaged("aborted", 0x00, [&](descs&, std::uint32_t& a) { a = 2; });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,6 +218,12 @@ int main(int argc, char** argv) {
   for (int kind = 0xF0; kind <= 0xF4; ++kind) {
     const std::byte k{static_cast<unsigned char>(kind)};
     write("file_store", "entry-kind-" + std::to_string(kind), std::span<const std::byte>(&k, 1));
+  }
+  {  // a 256-byte key's value file (hashed name): the key, a newline, the frame; as in file_store_fuzz.cpp
+    const std::string key = "job/" + std::string(ddp::max_key_bytes - 4, 'k');
+    const auto frame = st::encode_frame(ddp::as_bytes("value of a long key"));
+    write("file_store", "long-key-value",
+          key + "\n" + std::string(reinterpret_cast<const char*>(frame.data()), frame.size()));
   }
 
   // member_list: `members/closed`.
@@ -133,6 +251,67 @@ int main(int argc, char** argv) {
   write("manager_records", "bad-record", "1 x");
   write("manager_records", "bad-heartbeat", "12ms");
 
+  // manager_exchange: member count, previous-quorum mask, step limit, then each member's report.
+  const auto exchange = [](std::uint8_t mask, std::int64_t limit, const std::vector<ddp::detail::member_report>& rs) {
+    bytes b{static_cast<std::byte>(rs.size() - 1), static_cast<std::byte>(mask)};
+    const auto put = [&b](std::int64_t v) {
+      const bytes w = le64(v);
+      b.insert(b.end(), w.begin(), w.end());
+    };
+    put(limit);
+    for (const auto& r : rs) {
+      for (std::int64_t w : r.encode()) put(w);
+    }
+    return b;
+  };
+  using report = ddp::detail::member_report;
+  write(
+      "manager_exchange", "start-3-fresh",
+      exchange(0, 1024,
+               {report{0, true, 77, 4096, false}, report{0, true, 77, 4096, false}, report{0, true, 77, 4096, false}}));
+  write("manager_exchange", "three-up-to-date",
+        exchange(
+            7, 1024,
+            {report{5, false, 77, 4096, false}, report{5, false, 77, 4096, false}, report{4, false, 77, 4096, false}}));
+  write("manager_exchange", "one-joins",
+        exchange(
+            3, 1024,
+            {report{9, false, 77, 4096, false}, report{9, false, 77, 4096, false}, report{0, true, 77, 4096, false}}));
+  write("manager_exchange", "layout-differs",
+        exchange(3, 1024, {report{3, false, 77, 4096, false}, report{3, false, 78, 4096, false}}));
+  write("manager_exchange", "ahead-of-limit",
+        exchange(3, 10, {report{11, false, 77, 4096, false}, report{3, false, 77, 4096, false}}));
+  write("manager_exchange", "part-healed",
+        exchange(7, 1024,
+                 {report{6, false, 77, 64, false}, report{6, false, 77, 64, true}, report{6, false, 77, 64, false}}));
+  // manager_heal: tensors (dtype index, count), chunk size, scalar count, then what the source
+  // sends: the state bytes, the scalars and its step (42 is the plan's; 41 is a wrong one).
+  const auto heal = [](const std::vector<std::pair<int, int>>& tensors, int chunk, int scalars, std::int64_t step) {
+    static constexpr std::size_t element_bytes[] = {4, 8, 8, 2, 1};  // f32, f64, i64, bf16, u8
+    bytes b{static_cast<std::byte>(tensors.size())};
+    std::size_t state = 0;
+    for (const auto& [type, count] : tensors) {
+      b.push_back(static_cast<std::byte>(type));
+      b.push_back(static_cast<std::byte>(count));
+      state += element_bytes[type] * static_cast<std::size_t>(count);
+    }
+    b.push_back(static_cast<std::byte>((chunk - 1) >> 8));
+    b.push_back(static_cast<std::byte>((chunk - 1) & 0xff));
+    b.push_back(static_cast<std::byte>(scalars));
+    for (std::size_t i = 0; i < state; ++i) b.push_back(static_cast<std::byte>(i * 7));
+    for (int i = 0; i < scalars; ++i) {
+      const bytes w = le64(1000 + i);
+      b.insert(b.end(), w.begin(), w.end());
+    }
+    const bytes w = le64(step);
+    b.insert(b.end(), w.begin(), w.end());
+    return b;
+  };
+  write("manager_heal", "three-tensors-coalesced", heal({{0, 10}, {1, 3}, {4, 200}}, 4096, 2, 42));
+  write("manager_heal", "sliced-small-chunk", heal({{0, 100}, {3, 7}}, 24, 1, 42));
+  write("manager_heal", "empty-tensors", heal({{0, 0}, {2, 5}, {4, 0}}, 16, 0, 42));
+  write("manager_heal", "wrong-step", heal({{1, 9}}, 8, 3, 41));
+
   // redis_reply: server byte streams.
   write("redis_reply", "get-nil", "$-1\r\n");
   write("redis_reply", "get-value", bulk(frame_of("payload")));
@@ -142,6 +321,7 @@ int main(int argc, char** argv) {
   write("redis_reply", "scan-page", "*2\r\n" + bulk("17") + "*2\r\n" + bulk("v:job/a") + bulk("c:job/n"));
   write("redis_reply", "scan-last", "*2\r\n" + bulk("0") + "*0\r\n");
   write("redis_reply", "bad-frame", bulk(std::string("ddpv\x01garbage")));
+  shm_seeds();
   std::cout << "seed corpus written under " << root << "\n";
   return 0;
 }

@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if ((base_mask >> r) & 1U) base.push_back(members.back());
   }
   const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
-  const auto carried = [&](std::size_t r) { return base.empty() || ((base_mask >> r) & 1U) != 0; };
+  // A member of the previous quorum (none at the job's start: then first_heal_plan decides).
+  const auto carried = [&](std::size_t r) { return ((base_mask >> r) & 1U) != 0; };
 
   const ddp::detail::heal_plan plan = ddp::detail::plan_heal(all, members, base, step_limit);
   for (const auto& [r, why] : plan.refused) {

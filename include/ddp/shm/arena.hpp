@@ -51,6 +51,7 @@ class arena {
   /// Takes `bytes` (rounded up to the granule) from the region; nullopt if no free run is large
   /// enough. Returns the offset into the region.
   [[nodiscard]] std::optional<std::size_t> take(std::size_t bytes) {
+    if (bytes > bytes_) return std::nullopt;  // also keeps the rounding below from wrapping to 0
     const std::size_t need = (bytes + granule - 1) / granule * granule;
     std::lock_guard lk(m_);
     for (auto it = free_.begin(); it != free_.end(); ++it) {

@@ -93,7 +93,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
   using cross_type = Cross;  ///< the node leaders' communicator's type
 
   /// Wraps `inner`; collective over it (a host-name allgather unless `opts.node_of_rank` is set,
-  /// then two allgathers to agree on a POSIX shared-memory segment per node). Ranks spread over
+  /// then three allgathers to agree on a POSIX shared-memory segment per node). Ranks spread over
   /// several nodes need a leaders' communicator: use the constructor taking `make_leaders`.
   /// @throws segment_error (on every rank) if shared memory cannot be created or mapped
   /// @throws usage_error if the ranks span several nodes
@@ -110,7 +110,7 @@ class communicator : public single_tensor_calls<communicator<Inner, Cross>> {
     check_options(opts, inner_.rank());
     node_parts<Cross> parts;
     parts.topology = detect_topology(inner_, opts.node_of_rank);
-    parts.layout = segment_layout(parts.topology.node_size, opts.chunk_bytes, opts.arena_bytes);
+    parts.layout = segment_layout(parts.topology.node_size, opts.chunk_bytes, opts.arena_bytes, inner_.rank());
     parts.shared = open_posix_segment(inner_, parts.topology, parts.layout);
     std::string problem;
     if (parts.topology.nodes > 1 && parts.topology.is_leader()) {

@@ -12,9 +12,11 @@
 /// Every counter has its own 128-byte line (one writer each; 128 because adjacent-line
 /// prefetchers fetch 64-byte lines in pairs), and every region starts on a page.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ddp/error.hpp>
@@ -23,8 +25,10 @@ namespace ddp::shm {
 
 /// Spacing of independently written words (two 64-byte lines).
 inline constexpr std::size_t line_bytes = 128;
+/// Alignment of every region of the segment.
 inline constexpr std::size_t page_bytes = 4096;
 
+/// `n` rounded up to a multiple of `to` (unchecked: callers keep n well below SIZE_MAX).
 [[nodiscard]] constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
 
 /// What a rank published about one chunk: where its data is and which operation it belongs to.
@@ -71,22 +75,49 @@ static_assert(std::atomic_ref<std::uint32_t>::is_always_lock_free);
 class segment_layout {
  public:
   segment_layout() = default;
-  segment_layout(int node_size, std::size_t chunk_bytes, std::size_t arena_bytes)
-      : node_size_(node_size),
-        chunk_(round_up(chunk_bytes < page_bytes ? page_bytes : chunk_bytes, page_bytes)),
-        arena_(round_up(arena_bytes, page_bytes)) {
+  /// Lays out a segment for `node_size` ranks. `rank` names the caller in errors.
+  /// @throws usage_error naming the option when a size is not positive or the segment would not
+  /// fit in memory (the arithmetic is checked: a huge value never wraps into a small layout)
+  segment_layout(int node_size, std::size_t chunk_bytes, std::size_t arena_bytes, int rank = -1)
+      : node_size_(node_size) {
+    if (node_size < 1) {
+      throw usage_error(rank, "shm::communicator set-up",
+                        "a node needs at least one rank, got node_size " + std::to_string(node_size));
+    }
     const auto n = static_cast<std::size_t>(node_size_);
+    const auto overflow = [&](const char* what) {
+      return usage_error(rank, "shm::communicator set-up",
+                         std::string(what) + " is too large: the segment for " + std::to_string(node_size) +
+                             " ranks with chunk_bytes " + std::to_string(chunk_bytes) + " and arena_bytes " +
+                             std::to_string(arena_bytes) + " would exceed " + std::to_string(max_total_bytes) +
+                             " bytes");
+    };
+    const auto need = [&](std::optional<std::size_t> v, const char* what) {
+      if (!v) throw overflow(what);
+      return *v;
+    };
+    chunk_ = need(page_up(std::max(chunk_bytes, page_bytes)), "options::chunk_bytes");
+    arena_ = need(page_up(arena_bytes), "options::arena_bytes");
     control_ = round_up(sizeof(segment_header), page_bytes);
-    staging_ = round_up(control_ + n * sizeof(rank_control), page_bytes);
-    arena_offset_ = staging_ + n * 2 * chunk_;
-    total_ = arena_offset_ + n * arena_;
+    // n <= INT_MAX and a control record is small: n * sizeof(rank_control) cannot wrap on 64 bits.
+    staging_ = need(page_up(control_ + n * sizeof(rank_control)), "the node size");
+    arena_offset_ = need(add(staging_, mul(n * 2, chunk_)), "options::chunk_bytes");
+    total_ = need(add(arena_offset_, mul(n, arena_)), "options::arena_bytes");
   }
 
+  /// Largest segment a layout describes: offsets stay valid pointer differences and off_t sizes.
+  static constexpr std::size_t max_total_bytes = std::size_t{1} << 62;
+
+  /// Ranks of the node.
   [[nodiscard]] int node_size() const noexcept { return node_size_; }
+  /// Bytes of one staging slot (options::chunk_bytes rounded up to pages).
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return chunk_; }
+  /// Bytes of one rank's arena (options::arena_bytes rounded up to pages).
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_; }
+  /// Bytes of the whole segment (at most max_total_bytes).
   [[nodiscard]] std::size_t total_bytes() const noexcept { return total_; }
 
+  /// Offset of node rank q's control record.
   [[nodiscard]] std::size_t control(int q) const noexcept {
     return control_ + static_cast<std::size_t>(q) * sizeof(rank_control);
   }
@@ -94,7 +125,18 @@ class segment_layout {
   [[nodiscard]] std::size_t slot(int q, std::size_t parity) const noexcept {
     return staging_ + (static_cast<std::size_t>(q) * 2 + parity) * chunk_;
   }
+  /// Start of node rank q's arena.
   [[nodiscard]] std::size_t arena(int q) const noexcept { return arena_offset_ + static_cast<std::size_t>(q) * arena_; }
+
+  /// True if `bytes` bytes at segment offset `offset` are node rank q's own memory, where a
+  /// chunk descriptor q published for slot `parity` may point: exactly that staging slot, or
+  /// inside q's arena (a zero-copy tensor). Peer descriptors pass this before any access, so a
+  /// version-skewed or corrupt peer is an error, not a read outside the segment. A few compares.
+  [[nodiscard]] bool in_own_region(int q, std::size_t parity, std::uint64_t offset, std::size_t bytes) const noexcept {
+    if (offset == slot(q, parity)) return bytes <= chunk_;
+    const std::size_t a = arena(q);
+    return offset >= a && offset - a <= arena_ && bytes <= arena_ - static_cast<std::size_t>(offset - a);
+  }
 
   /// Writes the header of a fresh (zeroed) segment. Called by the rank that created it, before
   /// the others map it.
@@ -123,6 +165,21 @@ class segment_layout {
   }
 
  private:
+  // Checked arithmetic: nullopt past max_total_bytes (which also catches every wrap).
+  [[nodiscard]] static std::optional<std::size_t> page_up(std::size_t n) noexcept {
+    if (n > max_total_bytes) return std::nullopt;
+    return round_up(n, page_bytes);
+  }
+  [[nodiscard]] static std::optional<std::size_t> mul(std::size_t a, std::size_t b) noexcept {
+    std::size_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r) || r > max_total_bytes) return std::nullopt;
+    return r;
+  }
+  [[nodiscard]] static std::optional<std::size_t> add(std::size_t a, std::optional<std::size_t> b) noexcept {
+    if (!b || a > max_total_bytes || *b > max_total_bytes - a) return std::nullopt;
+    return a + *b;
+  }
+
   int node_size_ = 1;
   std::size_t chunk_ = page_bytes;
   std::size_t arena_ = 0;

@@ -186,7 +186,7 @@ class node_engine {
       const std::size_t first = a;  // a structured binding cannot be captured before clang 16
       group.pieces(d.first + first, b - first, [&](std::byte* own, std::size_t done, std::size_t m) {
         for (int q = 0; q < size_; ++q) {
-          inputs[q] = q == me_ ? own : base_ + control(q).desc[parity].offset + (first + done) * esz;
+          inputs[q] = q == me_ ? own : base_ + offsets_[static_cast<std::size_t>(q)] + (first + done) * esz;
         }
         detail::reduce_many(group.type, op, base_ + d.offset + (first + done) * esz, output_here ? own : nullptr,
                             inputs, size_, m, divisor, ctx.scale);
@@ -199,7 +199,7 @@ class node_engine {
       for (int q = 0; q < size_; ++q) {
         const auto [qa, qb] = slice(q, n, esz);
         if (qb == qa || q == me_) continue;  // this rank's slice: written by its reduction
-        const std::byte* src = base_ + control(q).desc[parity].offset + qa * esz;
+        const std::byte* src = base_ + offsets_[static_cast<std::size_t>(q)] + qa * esz;
         if (zero_copy) {
           std::memcpy(base_ + d.offset + qa * esz, src, (qb - qa) * esz);
         } else {
@@ -230,6 +230,7 @@ class node_engine {
 
   const void** input_table() {
     inputs_.resize(static_cast<std::size_t>(size_));
+    offsets_.resize(static_cast<std::size_t>(size_));
     return inputs_.data();
   }
 
@@ -241,12 +242,32 @@ class node_engine {
     publish(&rank_control::staged, ctx.chunk + 1);
     wait_all(&rank_control::staged, ctx.chunk + 1, ctx, "stage its input");
     const void** inputs = input_table();
+    const std::size_t esz = size_of(static_cast<dtype>(d.type));
+    const std::size_t bytes = static_cast<std::size_t>(d.count) * esz;
     for (int q = 0; q < size_; ++q) {
       const chunk_descriptor& dq = control(q).desc[parity];
       check_same(q, dq, d, ctx);
-      inputs[q] = base_ + dq.offset + from;
+      // Read once, checked, then only the checked copy is used (the peer's record is not re-read).
+      offsets_[static_cast<std::size_t>(q)] = checked_offset(q, parity, dq.offset, bytes, esz, ctx);
+      inputs[q] = base_ + offsets_[static_cast<std::size_t>(q)] + from;
     }
     return inputs;
+  }
+
+  // A peer's data offset, once it is known to lie in that peer's own slot or arena and to be
+  // aligned to its elements (`esz`, a power of two), as every honest offset is. A few compares
+  // per peer and chunk: the hot path stays as it was.
+  [[nodiscard]] std::size_t checked_offset(int q, std::size_t parity, std::uint64_t offset, std::size_t bytes,
+                                           std::size_t esz, const wait_ctx& ctx) const {
+    if ((offset & (esz - 1)) == 0 && layout_.in_own_region(q, parity, offset, bytes)) {
+      return static_cast<std::size_t>(offset);
+    }
+    throw communication_error(
+        ctx.info.rank, ctx.info.describe(),
+        "rank " + std::to_string(world_rank(q)) + " (same node) published chunk " + std::to_string(ctx.chunk) +
+            " at segment offset " + std::to_string(offset) + " (+" + std::to_string(bytes) +
+            " bytes), misaligned or outside its staging slot and arena in a " + std::to_string(layout_.total_bytes()) +
+            "-byte segment: a version-skewed or corrupt peer");
   }
 
   std::byte* scratch(std::size_t bytes) {
@@ -270,7 +291,7 @@ class node_engine {
       wait_for(0, &rank_control::staged, ctx.chunk + 1, ctx, "stage the broadcast");
       const chunk_descriptor& d0 = control(0).desc[parity];
       check_same(0, d0, d, ctx);
-      const std::byte* src = base_ + d0.offset;
+      const std::byte* src = base_ + checked_offset(0, parity, d0.offset, d.count * esz, esz, ctx);
       if (zero_copy) {
         std::memcpy(base_ + *group.zero_copy_offset + d.first * esz, src, d.count * esz);
       } else {
@@ -301,11 +322,15 @@ class node_engine {
   }
 
   [[noreturn]] void throw_aborted(std::uint32_t by, const wait_ctx& ctx) const {
-    const int q = static_cast<int>(by) - 1;
+    // `by` is peer-written: any value must give a message (a wrong one names no rank), never UB.
+    const std::uint32_t q = by - 1;
+    const std::string who =
+        q < static_cast<std::uint32_t>(size_)
+            ? "rank " + std::to_string(world_rank(static_cast<int>(q)))
+            : "node rank " + std::to_string(q) + " (out of range: a version-skewed or corrupt peer)";
     const std::uint32_t reason = std::atomic_ref<std::uint32_t>(header()->abort_reason).load(std::memory_order_acquire);
     throw communication_error(ctx.info.rank, ctx.info.describe(),
-                              "rank " + std::to_string(world_rank(q)) +
-                                  (reason == 1 ? " aborted its communicator" : " failed a shared-memory collective") +
+                              who + (reason == 1 ? " aborted its communicator" : " failed a shared-memory collective") +
                                   "; the node's segment is unusable");
   }
 
@@ -349,8 +374,9 @@ class node_engine {
   unsigned spins_;
   std::size_t single_max_;
   std::uint64_t next_chunk_ = 0;
-  std::vector<const void*> inputs_;  // per node rank: where its data of the current slice is
-  std::vector<std::byte> scratch_;   // single-phase results that cannot go straight to the output
+  std::vector<const void*> inputs_;   // per node rank: where its data of the current slice is
+  std::vector<std::size_t> offsets_;  // per node rank: its checked data offset for the current chunk
+  std::vector<std::byte> scratch_;    // single-phase results that cannot go straight to the output
 };
 
 }  // namespace ddp::shm

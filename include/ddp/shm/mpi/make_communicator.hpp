@@ -138,7 +138,7 @@ inline void check_within_hosts(MPI_Comm all, MPI_Comm simulated, int rank, int s
 
   node_parts<::ddp::mpi::communicator> parts;
   parts.topology = node_topology::from_labels(rank, labels);
-  parts.layout = segment_layout(parts.topology.node_size, opts.chunk_bytes, opts.arena_bytes);
+  parts.layout = segment_layout(parts.topology.node_size, opts.chunk_bytes, opts.arena_bytes, rank);
   const node_topology& t = parts.topology;
 
   if (setup.backing == segment_backing::posix) {
