@@ -235,6 +235,6 @@ TEST_CASE("file store: directories, devices and links under a key are errors", "
     CHECK(is_communication_error(thrown_by([&] { (void)s.get(key); })));
   }
   CHECK(is_communication_error(thrown_by([&] { (void)s.get("dangling"); })));  // a link: refused
-  s.set("dangling", ddp::as_bytes("now set"));  // rename replaces the link
+  s.set("dangling", ddp::as_bytes("now set"));                                 // rename replaces the link
   CHECK(ddp::to_text(*s.get("dangling")) == "now set");
 }
