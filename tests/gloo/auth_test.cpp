@@ -248,7 +248,7 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
     ::close(ports_pipe[0]);
     ::close(ports_pipe[1]);
     if (rank == 1) std::this_thread::sleep_for(700ms);
-    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of("the job's own secret"), 4s), rep);
+    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of("the job's own secret"), 2500ms), rep);
   });
   const pid_t stranger_pid = other_user::start([&] {
     ::close(ports_pipe[1]);
@@ -258,7 +258,7 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
   const auto ignore_sigpipe = std::signal(SIGPIPE, SIG_IGN);  // writes to a stranger that left
   // Hand the stranger every port the ranks listen on, as soon as it appears.
   std::set<int> told;
-  const auto until = std::chrono::steady_clock::now() + 3s;
+  const auto until = std::chrono::steady_clock::now() + 2s;
   while (std::chrono::steady_clock::now() < until) {
     for (int port : listening_ports({g.pid(0), g.pid(1)})) {
       if (!told.insert(port).second) continue;

@@ -116,9 +116,12 @@ TEST_CASE("shm segment: a set-up that fails or times out at any exchange leaves 
       for (auto stall : {0ms, 600ms}) {  // at once (exception), or after the peers' timeout
         INFO("rank " << who << " gives up at allgather " << at << " after " << stall.count() << " ms");
         const auto out = failing_setup(2, who, at, stall, 250ms);
-        for (const auto& o : out) {
-          CHECK(o.threw);
-          CHECK(o.left.empty());
+        for (std::size_t r = 0; r < out.size(); ++r) {
+          CHECK(out[r].threw);
+          // A rank that gave up at once may look before the leader, still inside the exchange,
+          // has created (and then removed) the object: only the check below, after every rank
+          // returned, holds for it.
+          if (stall > 0ms || static_cast<int>(r) != who) CHECK(out[r].left.empty());
         }
         CHECK(out[static_cast<std::size_t>(who)].what.find("gives up") != std::string::npos);
         if (stall > 0ms) {
