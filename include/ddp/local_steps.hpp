@@ -6,6 +6,7 @@
 /// exchanges overlapped with inner steps, merged with a mixing factor); outer gradients in their
 /// own type, bf16 or 8 bits (`outer_wire`). Over any communicator. docs/local-steps.md.
 
+#include <ddp/local_steps/cost_model.hpp>
 #include <ddp/local_steps/diloco.hpp>
 #include <ddp/local_steps/local_sgd.hpp>
 #include <ddp/local_steps/outer_exchange.hpp>
