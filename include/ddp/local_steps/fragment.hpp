@@ -46,9 +46,10 @@ inline void check_local_steps(communicator_ref comm, std::span<const tensor_view
 }
 
 /// One group of parameters under an outer optimizer. `start()` takes the outer gradient
-/// (anchor - parameters) and launches its average; `finish(alpha)` completes it, moves the
-/// anchor by one outer step (the anchor becomes the new global parameters) and merges them into
-/// the parameters: `(1 - alpha) * local + alpha * global` (alpha 1: a copy of the global ones).
+/// (anchor - parameters) and launches its average; `finish(alpha)` completes it (`wait()`), moves
+/// the anchor by one outer step (the anchor becomes the new global parameters) and merges them
+/// into the parameters (`apply(alpha)`); a fault-tolerant trainer calls those two apart, with the
+/// commit vote between, and `reset()` to drop the inner steps of a step that did not commit.
 template <outer_optimizer O>
 class outer_fragment {
  public:
@@ -82,10 +83,15 @@ class outer_fragment {
   [[nodiscard]] bool in_flight() const noexcept { return exchange_->in_flight(); }
 
   /// Outer gradient = anchor - parameters (in the compute type, rounded once to the parameter's
-  /// dtype), then its average launched.
-  void start() {
+  /// dtype), then its average over `divisor` ranks (0: every rank) launched. A rank that does
+  /// not `contribute` (it has no inner steps since the anchor) sends zeros.
+  void start(int divisor = 0, bool contribute = true) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const tensor_view& p = params_[i];
+      if (!contribute) {
+        if (p.count > 0) std::memset(grads_[i].data, 0, p.bytes());
+        continue;
+      }
       visit_dtype(p.type, [&]<class T>(T) {
         if constexpr (std::is_floating_point_v<compute_t<T>>) {
           const T* a = static_cast<const T*>(anchor_[i].data);
@@ -95,7 +101,7 @@ class outer_fragment {
         }
       });
     }
-    exchange_->start();
+    exchange_->start(divisor);
   }
 
   /// Drives the exchange forward.
@@ -105,14 +111,23 @@ class outer_fragment {
 
   /// Completes the exchange, steps the anchor, merges it into the parameters with weight `alpha`.
   void finish(double alpha) {
-    exchange_->finish();
+    wait();
+    apply(alpha);
+  }
+
+  /// Completes the exchange: the outer gradients hold their average.
+  void wait() { exchange_->finish(); }
+
+  /// Steps the anchor by the averaged outer gradient and merges it into the parameters with
+  /// weight `alpha`: `(1 - alpha) * local + alpha * global` (alpha 1: a copy of the global ones).
+  void apply(double alpha) {
     outer_.step(anchor_, grads_);
+    if (alpha == 1.0) {
+      reset();
+      return;
+    }
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const tensor_view& p = params_[i];
-      if (alpha == 1.0) {  // exactly the global parameters, whatever the local ones were
-        if (p.count > 0) std::memcpy(p.data, anchor_[i].data, p.bytes());
-        continue;
-      }
       if (alpha == 0.0) continue;
       visit_dtype(p.type, [&]<class T>(T) {
         if constexpr (std::is_floating_point_v<compute_t<T>>) {
@@ -125,6 +140,13 @@ class outer_fragment {
           }
         }
       });
+    }
+  }
+
+  /// The parameters become exactly the anchor (the global parameters), whatever they were.
+  void reset() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].count > 0) std::memcpy(params_[i].data, anchor_[i].data, params_[i].bytes());
     }
   }
 

@@ -66,9 +66,11 @@ class outer_exchange {
   /// True between `start()` and `finish()`.
   [[nodiscard]] bool in_flight() const noexcept { return in_flight_; }
 
-  /// Launches the average of the values the tensors hold now.
-  void start() {
-    const int n = comm_.size();
+  /// Launches the average of the values the tensors hold now, divided by `divisor` (the ranks
+  /// that contribute; 0: every rank). A rank that does not contribute holds zeros.
+  void start(int divisor = 0) {
+    const int n = divisor > 0 ? divisor : comm_.size();
+    divisor_ = n;
     in_flight_ = true;
     switch (wire_) {
       case outer_wire::native: pending_ = allreduce_average(comm_, grads_, n, average_input::raw, caller_); break;
@@ -141,8 +143,8 @@ class outer_exchange {
   }
 
   void finish_int8() {
-    const std::size_t n = static_cast<std::size_t>(comm_.size());
-    const double inv = 1.0 / static_cast<double>(n);
+    const std::size_t n = gathered_.size() / block_bytes();
+    const double inv = 1.0 / static_cast<double>(divisor_);
     std::size_t off = 0;
     for (std::size_t t = 0; t < grads_.size(); ++t) {
       const tensor_view& g = grads_[t];
@@ -173,6 +175,7 @@ class outer_exchange {
   outer_wire wire_;
   const char* caller_;
   std::size_t total_ = 0;
+  int divisor_ = 1;
   bool in_flight_ = false;
   work pending_;
   std::vector<std::byte> wire_bytes_;  // bf16 values, or this rank's int8 block
