@@ -6,6 +6,8 @@
 //
 //   ./fault_tolerant_training                 file store in a temporary directory
 //   ./fault_tolerant_training --store redis   a redis-server this program starts on loopback
+//   ./fault_tolerant_training --diloco H      DiLoCo: H local steps per outer step, and the outer
+//                                             steps are the Manager's (ddp::fault_tolerant_diloco)
 //
 // No mpirun: the program starts its trainers itself (`--trainer <id> ...`), like a job launcher.
 #include <arpa/inet.h>
@@ -32,6 +34,7 @@
 #include <ddp/bucketer.hpp>
 #include <ddp/bucketing/fixed.hpp>
 #include <ddp/gloo.hpp>
+#include <ddp/local_steps/fault_tolerant_diloco.hpp>
 #include <ddp/manager.hpp>
 #include <ddp/stores/file_store.hpp>
 #ifdef DDP_EXAMPLE_WITH_REDIS
@@ -50,16 +53,17 @@ struct config {
   std::string store = "file";
   std::string dir;
   int redis_port = 0;
+  int diloco = 0;  // > 0: inner steps per outer step
 };
 
 // ---- one trainer process -------------------------------------------------------------------
 
 template <class Store>
-int train(const std::string& id, Store& store) {
+int train(const std::string& id, Store& store, int diloco) {
   std::vector<float> w(dim, 0.0f), grad(dim, 0.0f), momentum(dim, 0.0f);
   for (std::size_t k = 0; k < dim; ++k) w[k] = static_cast<float>(std::hash<std::string>{}(id) % 7) * 0.01f;
   ddp::training_state state;
-  state.add(w).add(momentum);
+  if (diloco == 0) state.add(w).add(momentum);  // DiLoCo: its anchor and outer momentum instead
 
   ddp::manager_options opts;
   opts.replica_id = id;
@@ -82,30 +86,48 @@ int train(const std::string& id, Store& store) {
     std::fflush(stdout);
   });
 
-  ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
-  grads.add(w, grad);
-  grads.build();
-  m.set_layout_fingerprint(grads.layout_fingerprint());
-
   const auto seed = static_cast<double>(std::hash<std::string>{}(id) % 101);
-  while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
-    m.start_quorum();
-    const double s = static_cast<double>(m.step());
-    for (std::size_t k = 0; k < dim; ++k) {  // this replica's batch: pull w towards a moving target
+  // This replica's batch at step s: pull w towards a moving target.
+  const auto compute_gradient = [&](double s) {
+    for (std::size_t k = 0; k < dim; ++k) {
       grad[k] = w[k] - static_cast<float>(std::sin(seed + 0.1 * s + 1e-3 * static_cast<double>(k)));
     }
-    std::this_thread::sleep_for(20ms);  // the rest of the forward and backward pass
-    grads.mark_ready(0);
-    grads.finalize();
-    if (m.should_commit()) {
-      for (std::size_t k = 0; k < dim; ++k) {
-        momentum[k] = 0.9f * momentum[k] + grad[k];
-        w[k] -= 0.05f * momentum[k];
+  };
+  const auto report = [&] {
+    if (m.step() % 20 == 0) {
+      std::printf("%s: committed step %lld with %d replicas\n", id.c_str(), static_cast<long long>(m.step()),
+                  m.participants());
+      std::fflush(stdout);
+    }
+  };
+  if (diloco > 0) {
+    ddp::fault_tolerant_diloco<> outer(m, state, {ddp::view(w)}, {.sync_every = diloco});
+    while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
+      const int inner = outer.begin();
+      for (int h = 0; h < inner; ++h) {
+        compute_gradient(static_cast<double>(m.step() * diloco + h));
+        for (std::size_t k = 0; k < dim; ++k) w[k] -= 0.05f * grad[k];  // the inner optimizer: plain SGD
+        std::this_thread::sleep_for(20ms / diloco);
       }
-      if (m.step() % 20 == 0) {
-        std::printf("%s: committed step %lld with %d replicas\n", id.c_str(), static_cast<long long>(m.step()),
-                    m.participants());
-        std::fflush(stdout);
+      if (outer.end()) report();
+    }
+  } else {
+    ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+    grads.add(w, grad);
+    grads.build();
+    m.set_layout_fingerprint(grads.layout_fingerprint());
+    while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
+      m.start_quorum();
+      compute_gradient(static_cast<double>(m.step()));
+      std::this_thread::sleep_for(20ms);  // the rest of the forward and backward pass
+      grads.mark_ready(0);
+      grads.finalize();
+      if (m.should_commit()) {
+        for (std::size_t k = 0; k < dim; ++k) {
+          momentum[k] = 0.9f * momentum[k] + grad[k];
+          w[k] -= 0.05f * momentum[k];
+        }
+        report();
       }
     }
   }
@@ -148,9 +170,9 @@ int with_store(const config& c, F&& f) {
 pid_t spawn(const std::string& self, const std::string& id, const config& c) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const std::string port = std::to_string(c.redis_port);
+    const std::string port = std::to_string(c.redis_port), diloco = std::to_string(c.diloco);
     ::execl(self.c_str(), self.c_str(), "--trainer", id.c_str(), "--store", c.store.c_str(), "--dir", c.dir.c_str(),
-            "--port", port.c_str(), static_cast<char*>(nullptr));
+            "--port", port.c_str(), "--diloco", diloco.c_str(), static_cast<char*>(nullptr));
     std::_Exit(127);
   }
   return pid;
@@ -247,8 +269,8 @@ int launch(const std::string& self, config c) {
     redis = started->first;
     c.redis_port = started->second;
   }
-  std::printf("launcher: %d trainers over gloo, %s store; r1 will be killed and restarted\n", replicas,
-              c.store.c_str());
+  std::printf("launcher: %d trainers over gloo, %s store%s; r1 will be killed and restarted\n", replicas,
+              c.store.c_str(), c.diloco > 0 ? (", DiLoCo with " + std::to_string(c.diloco) + " inner steps").c_str() : "");
   std::fflush(stdout);
   std::map<std::string, pid_t> pids;
   for (int r = 0; r < replicas; ++r) pids["r" + std::to_string(r)] = spawn(self, "r" + std::to_string(r), c);
@@ -300,10 +322,11 @@ int main(int argc, char** argv) {
     if (k == "--store") c.store = v;
     if (k == "--dir") c.dir = v;
     if (k == "--port") c.redis_port = std::atoi(v.c_str());
+    if (k == "--diloco") c.diloco = std::atoi(v.c_str());
   }
   try {
     if (trainer.empty()) return launch("/proc/self/exe", c);
-    return with_store(c, [&](auto& store) { return train(trainer, store); });
+    return with_store(c, [&](auto& store) { return train(trainer, store, c.diloco); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", trainer.empty() ? "launcher" : trainer.c_str(), e.what());
     return 1;
