@@ -120,6 +120,20 @@ class streaming_diloco {
     return merged;
   }
 
+  /// Completes the exchanges in flight and merges them now, without waiting for their merge
+  /// step: call it on every rank after the same inner step, before the trainer stops, evaluates
+  /// or saves the global model. The schedule goes on unchanged afterwards.
+  /// @return the fragments merged
+  std::size_t flush() {
+    std::size_t merged = 0;
+    for (auto& f : fragments_) {
+      if (!f.in_flight()) continue;
+      f.finish(options_.alpha);
+      ++merged;
+    }
+    return merged;
+  }
+
   /// Inner steps counted so far.
   [[nodiscard]] std::int64_t inner_steps() const noexcept { return steps_; }
 
