@@ -270,7 +270,8 @@ int launch(const std::string& self, config c) {
     c.redis_port = started->second;
   }
   std::printf("launcher: %d trainers over gloo, %s store%s; r1 will be killed and restarted\n", replicas,
-              c.store.c_str(), c.diloco > 0 ? (", DiLoCo with " + std::to_string(c.diloco) + " inner steps").c_str() : "");
+              c.store.c_str(),
+              c.diloco > 0 ? (", DiLoCo with " + std::to_string(c.diloco) + " inner steps").c_str() : "");
   std::fflush(stdout);
   std::map<std::string, pid_t> pids;
   for (int r = 0; r < replicas; ++r) pids["r" + std::to_string(r)] = spawn(self, "r" + std::to_string(r), c);

@@ -37,6 +37,7 @@
 #include <ddp/detail/describe_exception.hpp>
 #include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
+#include <ddp/manager/decision.hpp>
 #include <ddp/manager/exchange.hpp>
 #include <ddp/manager/heal.hpp>
 #include <ddp/manager/options.hpp>
@@ -44,6 +45,7 @@
 #include <ddp/manager/record.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/store.hpp>
+#include <ddp/stores/backoff.hpp>
 #include <ddp/stores/codec.hpp>
 #include <ddp/stores/membership.hpp>
 #include <ddp/stores/prefix_store.hpp>
@@ -106,6 +108,7 @@ class Manager {
     timeline::scoped_span span(rec_, "manager", "commit vote");
     raise_step_limit();
     std::int64_t vote[2] = {failed() ? 1 : 0, join_requested_ ? 1 : 0};
+    bool vote_failed = false;  // this member voted yes, but the vote did not complete here
     if (!failed()) {
       std::vector<std::int64_t> words(vote, vote + 2);
       try {
@@ -115,9 +118,14 @@ class Manager {
       } catch (...) {
         capture(std::current_exception());
         vote[0] = 1;
+        vote_failed = true;
       }
     }
-    const bool commit = vote[0] == 0 && participants_ >= opts_.min_replicas;
+    bool commit = vote[0] == 0 && participants_ >= opts_.min_replicas;
+    // The vote may have completed on some members and failed on others: the store decides
+    // (manager/decision.hpp). A member whose vote failed commits too if the step committed: it
+    // voted yes, so its own collectives of the step completed.
+    if (commit || (vote_failed && participants_ >= opts_.min_replicas)) commit = decide(vote_failed);
     span.set("commit", commit ? 1 : 0);
     if (vote[1]) needs_quorum_ = true;  // someone asked to join: re-form at the next start
     if (commit) {
@@ -312,20 +320,71 @@ class Manager {
     if (on_event_) on_event_({k, step_, std::move(text)});
   }
 
+  // A heartbeat that fails (the store hiccups) is skipped, not thrown: heartbeats only tell the
+  // others who seems alive (how long to wait for whom), never who is a member, so a missed one
+  // costs at most a slower quorum. Thrown, it ended the trainer (found by the simulation, seed 9).
+  // Forced heartbeats (enrolling) throw: form_quorum() retries.
   void heartbeat(bool force) {
-    const auto now = clock::now();
-    if (!force && now - last_heartbeat_ < opts_.heartbeat_interval) return;
-    last_heartbeat_ = now;
-    store_.set("hb/" + opts_.replica_id, as_bytes(std::to_string(detail::wall_ms())));
+    const auto t = now();
+    if (!force && t - last_heartbeat_ < opts_.heartbeat_interval) return;
+    last_heartbeat_ = t;
+    try {
+      store_.set("hb/" + opts_.replica_id, as_bytes(std::to_string(detail::wall_ms_of(opts_.time))));
+    } catch (const ddp::error&) {
+      if (force) throw;
+    }
   }
 
   // Rank 0 reads the join counter at most every heartbeat_interval; the vote spreads the news.
   void poll_join_requests() {
     if (rank_ != 0 || !comm_) return;
-    const auto now = clock::now();
-    if (now - last_join_poll_ < opts_.heartbeat_interval) return;
-    last_join_poll_ = now;
-    join_requested_ = store_.add("joins", 0) > joins_at_formation_;
+    const auto t = now();
+    if (t - last_join_poll_ < opts_.heartbeat_interval) return;
+    last_join_poll_ = t;
+    try {
+      join_requested_ = join_requested_ || store_.add("joins", 0) > joins_at_formation_;
+    } catch (const ddp::error&) {  // the store hiccupped: the request is seen at the next poll
+    }
+  }
+
+  // This member's part in the commit decision of the step (manager/decision.hpp). When it cannot
+  // tell (the store failed, or its answer is ambiguous), it does not apply the step and reports
+  // "needs healing" until it receives the state from a member that holds it.
+  bool decide(bool vote_failed) {
+    const std::int64_t expected = (step_ - generation_start_) * size_;
+    detail::commit_decision d = detail::commit_decision::unknown;
+    // A store that fails is tried again until quorum_timeout: without it no quorum forms anyway,
+    // and giving up makes this member one that needs healing (the last holder of the state, it
+    // would stop the job).
+    const auto deadline = now() + opts_.quorum_timeout;
+    stores::detail::backoff pause(std::chrono::milliseconds(50));
+    bool registered = false;
+    for (;;) {
+      try {
+        if (!registered) d = detail::register_decision(store_, generation_, vote_failed, expected, size_);
+        registered = true;
+        // Before this member applies its first step: the job has committed (see exchange_and_heal).
+        if (d == detail::commit_decision::commit && !recorded_commit_) {
+          store_.set("committed", as_bytes(std::string_view("1")));
+          recorded_commit_ = true;
+        }
+        break;
+      } catch (const ddp::error&) {
+        if (now() >= deadline) {
+          if (registered) d = detail::commit_decision::unknown;  // committed, but cannot say so: do not apply
+          break;
+        }
+        pause.sleep_until_next(deadline, opts_.time);
+      }
+    }
+    if (d == detail::commit_decision::commit) return true;
+    needs_quorum_ = true;
+    if (d == detail::commit_decision::unknown) {
+      needs_heal_ = true;
+      emit(manager_event::kind::error,
+           "step " + std::to_string(step_) + ": cannot tell whether it committed elsewhere; will receive the state");
+    }
+    return false;
   }
 
   // Rank 0 keeps the store's "step_limit" ahead of the step it votes on (detail::raise_step_limit).
@@ -340,10 +399,10 @@ class Manager {
 
   void form_quorum() {
     timeline::scoped_span span(rec_, "manager", "quorum");
-    const auto deadline = clock::now() + opts_.quorum_timeout;
+    const auto deadline = now() + opts_.quorum_timeout;
     std::string last_problem = "no attempt";
     for (;;) {
-      if (clock::now() >= deadline) {
+      if (now() >= deadline) {
         throw manager_error(
             rank_, "Manager::start_quorum",
             "no quorum within " + std::to_string(opts_.quorum_timeout.count()) + " ms (need at least " +
@@ -387,10 +446,14 @@ class Manager {
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
     comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
-    exchange_and_heal(e.base);
+    exchange_and_heal();
     // The communicators' keys of older generations are garbage now (gloo keys are write-once
     // anyway). Member lists stay: they are small, and they are the chain of generations.
-    if (m.rank == 0 && target > 2) store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
+    if (m.rank == 0 && target > 2) {
+      store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
+      store_.erase_prefix(detail::decision_key(target - 2));
+    }
+    generation_start_ = step_;
     join_requested_ = false;
     joins_at_formation_ = answered;
     step_limit_ = 0;
@@ -402,34 +465,46 @@ class Manager {
     return true;
   }
 
+  // The protocol's clock: deadlines, heartbeats, polling (manager_options::time).
+  [[nodiscard]] clock::time_point now() const { return detail::now_of(opts_.time); }
+
   [[nodiscard]] detail::state_view state() const { return {tensors_(), scalars_()}; }
 
   // Members exchange their reports (manager/exchange.hpp); those behind receive the state from
-  // members of the previous quorum `base` that hold it. A replica whose words are wrong is left
-  // out: it is told (the error, kept in refused_, is thrown by every later start_quorum()), and
-  // the others form the next generation without it.
-  void exchange_and_heal(const std::vector<std::string>& base) {
+  // the members that completed the latest generation formed (only such a generation commits
+  // steps). A replica whose words are wrong is left out: it is told (the error, kept in refused_,
+  // is thrown by every later start_quorum()), and the others form the next generation without it.
+  // Forming completes with this member's "formed" record of the generation, before any step.
+  void exchange_and_heal() {
     const auto n = static_cast<std::size_t>(size_);
-    const detail::member_report report{step_, fresh_, layout_fingerprint_, state().tensor_bytes(), needs_heal_};
+    const detail::member_report report{step_, formed_, layout_fingerprint_, state().tensor_bytes(), needs_heal_};
     std::vector<std::int64_t> mine = report.encode();
     std::vector<std::int64_t> all(detail::member_report::words * n);
     comm_.allgather(view(mine), view(all)).wait();
-    detail::heal_plan plan = detail::plan_heal(all, members_, base, detail::read_step_limit(store_));
+    const std::int64_t formed = detail::latest_formed(store_, generation_ - 1);
+    detail::heal_plan plan = detail::plan_heal(all, members_, formed, detail::read_step_limit(store_));
     if (!plan.refused.empty()) {
       const detail::refusal r = detail::refusal_for(plan.refused, rank_, generation_);
       if (r.mine) refused_ = r.error;
       std::rethrow_exception(r.error);
     }
     if (plan.sources.empty()) {
-      // Nobody here holds the committed state. Before the job's first heal completed nothing was
-      // committed, and any member's state may start it; after, waiting for a holder is the only
-      // safe course.
-      if (store_.add("started", 0) > 0) {
+      // Nobody here holds the committed state. Before any step committed ("committed" is set
+      // before a member applies its first), any member's state may start the job; after, waiting
+      // for a holder is the only safe course.
+      if (formed > 0 && store_.get("committed")) {
+        std::string here;
+        for (std::size_t r = 0; r < n; ++r) {
+          const std::int64_t* w = all.data() + r * detail::member_report::words;
+          here += (r ? ", " : "") + members_[r] + " (formed " + std::to_string(w[1]) + ", step " +
+                  std::to_string(w[0]) + (w[4] ? ", healing" : "") + ")";
+        }
         throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
-                                  "no member holds the committed state (none of the previous quorum's up-to-date "
-                                  "members is here); waiting for one");
+                                  "no member holds the committed state (none of the members of generation " +
+                                      std::to_string(formed) + ", the latest formed, is here: " + here +
+                                      "); waiting for one");
       }
-      plan = detail::first_heal_plan(all, n);
+      plan = detail::first_heal_plan(all);
     }
     const std::vector<int>& sources = plan.sources;
     const bool i_recover = std::find(sources.begin(), sources.end(), rank_) == sources.end();
@@ -443,13 +518,14 @@ class Manager {
         participating_ = !i_recover;
       }
     }
-    fresh_ = false;
-    if (rank_ == 0 && !started_) started_ = store_.add("started", 1) > 0;
+    detail::record_formed(store_, generation_);
+    formed_ = static_cast<std::int64_t>(generation_);
+    needs_heal_ = false;  // every member holds the sources' bits now (the hash check, or none was needed)
   }
 
   // Moves the state of `max_step` from `sources` to the members behind (manager/heal.hpp).
   void heal(const std::vector<int>& sources, std::int64_t max_step, bool receiving) {
-    const auto start = clock::now();
+    const auto start = clock::now();  // a measurement (stats), not the protocol's clock
     timeline::scoped_span span(rec_, "manager", receiving ? "heal (receive)" : "heal (send)");
     const detail::state_view st = state();
     progress_meter meter(
@@ -460,9 +536,11 @@ class Manager {
     // From its first received byte until the hash check passes, a receiver holds nothing: it
     // reports "needs healing" to every later quorum, never serves as a source, keeps its step.
     if (receiving) needs_heal_ = true;
-    const std::size_t moved =
-        detail::broadcast_state(comm_, st, sources, max_step, opts_.heal_chunk_bytes, meter, rank_);
-    detail::check_same_state(comm_, st, max_step, opts_.heal_chunk_bytes, members_, rank_);
+    // Hashed as the transfers land: the check needs no second pass over the state.
+    const detail::healed_state healed =
+        detail::heal_state(comm_, st, sources, max_step, opts_.heal_chunk_bytes, meter, rank_);
+    detail::check_same_state(comm_, healed.hash, members_, rank_);
+    const std::size_t moved = healed.moved;
     if (receiving) {
       step_ = max_step;
       needs_heal_ = false;
@@ -498,11 +576,12 @@ class Manager {
   int size_ = 1;
   std::vector<std::string> members_;
   std::int64_t step_ = 0;
-  bool fresh_ = true;
-  bool needs_heal_ = false;      // received part of a heal that has not passed its check
-  bool started_ = false;         // rank 0 saw the job's first heal complete
-  std::int64_t step_limit_ = 0;  // rank 0: "step_limit" as last raised (steps below it may commit)
-  std::exception_ptr refused_;   // this replica was left out of quorums for good (refuse())
+  std::int64_t generation_start_ = 0;  // step_ when the current quorum formed (every member's)
+  std::int64_t formed_ = 0;            // the last generation whose forming this member completed (0: fresh)
+  bool recorded_commit_ = false;       // this process set the store's "committed"
+  bool needs_heal_ = false;            // received part of a heal that has not passed its check
+  std::int64_t step_limit_ = 0;        // rank 0: "step_limit" as last raised (steps below it may commit)
+  std::exception_ptr refused_;         // this replica was left out of quorums for good (refuse())
   int participants_ = 1;
   bool participating_ = true;
   bool needs_quorum_ = true;

@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   write("manager_records", "bad-record", "1 x");
   write("manager_records", "bad-heartbeat", "12ms");
 
-  // manager_exchange: member count, previous-quorum mask, step limit, then each member's report.
+  // manager_exchange: member count, the latest formed generation, step limit, then each member's report.
   const auto exchange = [](std::uint8_t mask, std::int64_t limit, const std::vector<ddp::detail::member_report>& rs) {
     bytes b{static_cast<std::byte>(rs.size() - 1), static_cast<std::byte>(mask)};
     const auto put = [&b](std::int64_t v) {
@@ -267,23 +267,19 @@ int main(int argc, char** argv) {
   using report = ddp::detail::member_report;
   write(
       "manager_exchange", "start-3-fresh",
-      exchange(0, 1024,
-               {report{0, true, 77, 4096, false}, report{0, true, 77, 4096, false}, report{0, true, 77, 4096, false}}));
-  write("manager_exchange", "three-up-to-date",
-        exchange(
-            7, 1024,
-            {report{5, false, 77, 4096, false}, report{5, false, 77, 4096, false}, report{4, false, 77, 4096, false}}));
-  write("manager_exchange", "one-joins",
-        exchange(
-            3, 1024,
-            {report{9, false, 77, 4096, false}, report{9, false, 77, 4096, false}, report{0, true, 77, 4096, false}}));
+      exchange(0, 1024, {report{0, 0, 77, 4096, false}, report{0, 0, 77, 4096, false}, report{0, 0, 77, 4096, false}}));
+  write(
+      "manager_exchange", "three-up-to-date",
+      exchange(4, 1024, {report{5, 4, 77, 4096, false}, report{5, 4, 77, 4096, false}, report{4, 4, 77, 4096, false}}));
+  write(
+      "manager_exchange", "one-joins",
+      exchange(4, 1024, {report{9, 4, 77, 4096, false}, report{9, 4, 77, 4096, false}, report{0, 0, 77, 4096, false}}));
   write("manager_exchange", "layout-differs",
-        exchange(3, 1024, {report{3, false, 77, 4096, false}, report{3, false, 78, 4096, false}}));
+        exchange(4, 1024, {report{3, 4, 77, 4096, false}, report{3, 4, 78, 4096, false}}));
   write("manager_exchange", "ahead-of-limit",
-        exchange(3, 10, {report{11, false, 77, 4096, false}, report{3, false, 77, 4096, false}}));
+        exchange(4, 10, {report{11, 4, 77, 4096, false}, report{3, 4, 77, 4096, false}}));
   write("manager_exchange", "part-healed",
-        exchange(7, 1024,
-                 {report{6, false, 77, 64, false}, report{6, false, 77, 64, true}, report{6, false, 77, 64, false}}));
+        exchange(4, 1024, {report{6, 4, 77, 64, false}, report{6, 4, 77, 64, true}, report{6, 4, 77, 64, false}}));
   // manager_heal: tensors (dtype index, count), chunk size, scalar count, then what the source
   // sends: the state bytes, the scalars and its step (42 is the plan's; 41 is a wrong one).
   const auto heal = [](const std::vector<std::pair<int, int>>& tensors, int chunk, int scalars, std::int64_t step) {

@@ -39,20 +39,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using ddp::detail::member_report;
   if (size < 2) return 0;
   const std::size_t n = 1 + data[0] % 8;
-  const unsigned base_mask = data[1];
+  const std::int64_t latest_formed = data[1] % 16;
   const std::int64_t step_limit = le64(data, size, 2);
   std::vector<std::int64_t> all(n * member_report::words);
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = le64(data, size, 10 + 8 * i);
-  std::vector<std::string> members, base;
-  for (std::size_t r = 0; r < n; ++r) {
-    members.push_back("replica-" + std::to_string(r));
-    if ((base_mask >> r) & 1U) base.push_back(members.back());
-  }
+  std::vector<std::string> members;
+  for (std::size_t r = 0; r < n; ++r) members.push_back("replica-" + std::to_string(r));
   const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
-  // A member of the previous quorum (none at the job's start: then first_heal_plan decides).
-  const auto carried = [&](std::size_t r) { return ((base_mask >> r) & 1U) != 0; };
+  // A member that completed the latest generation formed (none before any formed: then
+  // first_heal_plan decides).
+  const auto holds = [&](std::size_t r) { return latest_formed > 0 && word(r, 1) == latest_formed; };
 
-  const ddp::detail::heal_plan plan = ddp::detail::plan_heal(all, members, base, step_limit);
+  const ddp::detail::heal_plan plan = ddp::detail::plan_heal(all, members, latest_formed, step_limit);
   for (const auto& [r, why] : plan.refused) {
     FUZZ_CHECK(r >= 0 && static_cast<std::size_t>(r) < n);
     FUZZ_CHECK(why.find(members[static_cast<std::size_t>(r)]) != std::string::npos);
@@ -67,17 +65,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (int s : plan.sources) {
       FUZZ_CHECK(s >= 0 && static_cast<std::size_t>(s) < n);
       const auto r = static_cast<std::size_t>(s);
-      FUZZ_CHECK(carried(r) && word(r, 1) == 0 && word(r, 4) == 0);
+      FUZZ_CHECK(holds(r) && word(r, 4) == 0);
       FUZZ_CHECK(word(r, 0) == plan.step && plan.step >= 0 && plan.step <= step_limit);
     }
     for (std::size_t r = 0; r < n; ++r) {
       FUZZ_CHECK(word(r, 2) == word(0, 2) && word(r, 3) == word(0, 3));  // nobody refused: one layout
-      FUZZ_CHECK(word(r, 0) >= 0 && (word(r, 1) == 0 || word(r, 1) == 1) && (word(r, 4) == 0 || word(r, 4) == 1));
-      if (carried(r) && word(r, 1) == 0 && word(r, 4) == 0) FUZZ_CHECK(word(r, 0) <= plan.step);
+      FUZZ_CHECK(word(r, 0) >= 0 && word(r, 1) >= 0 && word(r, 1) <= latest_formed &&
+                 (word(r, 4) == 0 || word(r, 4) == 1));
+      if (holds(r) && word(r, 4) == 0) FUZZ_CHECK(word(r, 0) <= plan.step);
     }
     if (plan.sources.empty()) FUZZ_CHECK(plan.step == -1);
   }
-  const ddp::detail::heal_plan first = ddp::detail::first_heal_plan(all, n);
+  const ddp::detail::heal_plan first = ddp::detail::first_heal_plan(all);
   FUZZ_CHECK(first.sources.size() == 1 && first.sources[0] >= 0 && static_cast<std::size_t>(first.sources[0]) < n);
+  FUZZ_CHECK(first.sources[0] == 0 || word(static_cast<std::size_t>(first.sources[0]), 4) == 0);
   return 0;
 }

@@ -29,7 +29,7 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr std::size_t dim = 5;
-constexpr int inner_steps = 4;                    // H
+constexpr int inner_steps = 4;                      // H
 constexpr std::uint64_t dataset = 240, batch = 24;  // samples per outer step, over every replica
 constexpr double inner_lr = 0.3;
 const ddp::outer_sgd outer_opt{.lr = 0.7, .momentum = 0.9, .nesterov = true};
@@ -134,8 +134,8 @@ struct cluster {
     const death dies = deaths.count(id) ? deaths.at(id) : death::none;
     std::vector<double> p = initial_params(id);
     ddp::training_state state;
-    ddp::data::global_batch_sampler sampler({.dataset_size = dataset, .global_batch = batch, .micro_batch = 1, .seed = 5},
-                                            state);
+    ddp::data::global_batch_sampler sampler(
+        {.dataset_size = dataset, .global_batch = batch, .micro_batch = 1, .seed = 5}, state);
     auto opts = replica_test::scenario_options();
     opts.replica_id = id;
     auto armed = std::make_shared<std::atomic<int>>(0);
@@ -170,8 +170,8 @@ struct cluster {
         if (hit && (dies == death::exchange || dies == death::vote)) armed->store(static_cast<int>(dies));
         const bool committed = outer.end();
         if (committed) {
-          out.commits[s] = {m.rank(), m.size(), outer.contributes(), share.first, share.last,
-                            static_cast<std::int64_t>(sampler.cursor())};
+          out.commits[s] = {m.rank(),    m.size(),   outer.contributes(),
+                            share.first, share.last, static_cast<std::int64_t>(sampler.cursor())};
           sampler.commit();
           if (hit && dies == death::after_commit) throw crash{};
         }
@@ -244,7 +244,8 @@ struct cluster_with_plan : cluster {
 std::vector<replica_result> run(const scenario& sc) {
   cluster_with_plan::plan = &sc;
   std::map<int, fault> faults;  // the harness counts crashing replicas from these
-  for (const auto& [id, d] : sc.deaths) faults[std::stoi(id.substr(1))] = {replica_test::fault_point::before_collective, 0};
+  for (const auto& [id, d] : sc.deaths)
+    faults[std::stoi(id.substr(1))] = {replica_test::fault_point::before_collective, 0};
   return replica_test::run_scenario<cluster_with_plan, replica_result>(sc.replicas, sc.steps, faults, sc.joiners, 0ms,
                                                                        1000ms);
 }

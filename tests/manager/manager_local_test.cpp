@@ -2,12 +2,15 @@
 // replacements, as torchft tests its manager. After every run, every live replica holds
 // parameters bit-identical to each other and to a fault-free replay of the committed batches.
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
+#include <string_view>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -326,4 +329,53 @@ TEST_CASE("Manager healing: small tensors travel coalesced, large ones in slices
     CHECK(broadcasts[static_cast<std::size_t>(r)] <= 63 + (small_bytes + 39) / 40 + 1 + 1);
     CHECK(broadcasts[static_cast<std::size_t>(r)] < 150);
   }
+}
+
+TEST_CASE("Manager healing: the state hash is XXH64, taken as the transfers land, and names a differing member",
+          "[local][manager]") {
+  if constexpr (std::endian::native == std::endian::little) {  // XXH64's published values
+    CHECK(ddp::detail::xxh64({}) == 0xEF46DB3751D8E999ull);
+    const std::string_view text = "Nobody inspects the spammish repetition";  // 39 bytes: lanes and every tail
+    CHECK(ddp::detail::xxh64(std::as_bytes(std::span(text.data(), text.size()))) == 0xFBCEA83C8A378BF1ull);
+  }
+  // Ranks 0 and 2 hold step 3's state, rank 1 zeros: a tensor sliced into 5 transfers and 40 small
+  // ones coalesced. Every member's hash taken as the transfers land equals a later pass over its
+  // state; after one byte of rank 1 changes, the pass differs and the check names rank 1.
+  constexpr int ranks = 3;
+  constexpr std::size_t chunk = 256;
+  const std::vector<std::string> members{"a", "b", "c"};
+  std::vector<std::uint64_t> landed(ranks), pass(ranks), corrupted(ranks);
+  std::vector<std::string> errors(ranks);
+  ddp::local::run(ranks, [&](ddp::local::communicator& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    const bool source = r != 1;
+    std::vector<float> big(300, source ? 1.5f : 0.0f);
+    std::vector<std::vector<std::int32_t>> small(40, std::vector<std::int32_t>(3, source ? 7 : 0));
+    std::vector<ddp::tensor_view> tensors{ddp::view(big)};
+    for (auto& s : small) tensors.push_back(ddp::view(s));
+    std::vector<std::int64_t> scalars{source ? 9 : 0};
+    const ddp::detail::state_view state{tensors, scalars};
+    ddp::any_communicator comm{ddp::communicator_ref(c)};
+    ddp::progress_meter meter(nullptr, "heal test", c.rank());
+    const ddp::detail::healed_state healed = ddp::detail::heal_state(comm, state, {0, 2}, 3, chunk, meter, c.rank());
+    landed[r] = healed.hash;
+    pass[r] = ddp::detail::state_hash(state, 3, comm, chunk);
+    ddp::detail::check_same_state(comm, healed.hash, members, c.rank());  // all alike: no error
+    if (r == 1) small[20][1] ^= 0x100;
+    corrupted[r] = ddp::detail::state_hash(state, 3, comm, chunk);
+    try {
+      ddp::detail::check_same_state(comm, state, 3, chunk, members, c.rank());
+    } catch (const ddp::communication_error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(landed[r] == landed[0]);
+    CHECK(pass[r] == landed[r]);
+    CHECK(errors[r].find(r == 1 ? "replica a holds a different state" : "replica b holds a different state") !=
+          std::string::npos);
+  }
+  CHECK(corrupted[1] != corrupted[0]);
+  CHECK(corrupted[0] == landed[0]);
 }

@@ -26,14 +26,14 @@ namespace ddp::detail {
 /// What one member reports when a quorum forms.
 struct member_report {
   std::int64_t step = 0;                   ///< its committed steps
-  bool fresh = true;                       ///< it never belonged to a quorum that healed
+  std::int64_t formed = 0;                 ///< the last generation whose forming it completed (0: none, fresh)
   std::uint64_t layout = 0;                ///< its gradient layout's fingerprint (0: none set)
   std::size_t state_bytes = 0;             ///< bytes of its registered state tensors
   bool needs_heal = false;                 ///< it received part of a heal that has not passed its check
   static constexpr std::size_t words = 5;  ///< int64 words per member in the exchange
   /// The words it contributes to the allgather, in this order.
   [[nodiscard]] std::vector<std::int64_t> encode() const {
-    return {step, fresh ? 1 : 0, static_cast<std::int64_t>(layout), static_cast<std::int64_t>(state_bytes),
+    return {step, formed, static_cast<std::int64_t>(layout), static_cast<std::int64_t>(state_bytes),
             needs_heal ? 1 : 0};
   }
 };
@@ -49,21 +49,23 @@ struct heal_plan {
 };
 
 /// Decides from `all` (the allgathered words, `member_report::words` per member in rank order)
-/// who is left out, and who holds the committed state: the members of the previous quorum `base`
-/// (all members at a job's start, `base` empty) that are up to date (not fresh, not part-way
-/// through a heal) and at their highest step. `step_limit`: the store's "step_limit".
+/// who is left out, and who holds the committed state: the members that completed the forming
+/// of generation `latest_formed` (the latest whose forming any member completed: only such a
+/// generation commits steps, and each of its commits holds every one of its members), are not
+/// part-way through a heal, and are at their highest step. `latest_formed` 0: nothing formed yet
+/// (then nobody holds anything: see first_heal_plan). `step_limit`: the store's "step_limit".
 [[nodiscard]] inline heal_plan plan_heal(std::span<const std::int64_t> all, const std::vector<std::string>& members,
-                                         const std::vector<std::string>& base, std::int64_t step_limit) {
+                                         std::int64_t latest_formed, std::int64_t step_limit) {
   const std::size_t n = members.size();
   const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
-  const auto carried = [&](std::size_t r) { return std::find(base.begin(), base.end(), members[r]) != base.end(); };
-  // The layout most members of the previous quorum share (of all members at a job's start);
-  // ties go to the lowest rank. Replicas with another one are left out.
+  const auto holds = [&](std::size_t r) { return latest_formed == 0 || word(r, 1) == latest_formed; };
+  // The layout most members that hold the state share (of all members at a job's start); ties
+  // go to the lowest rank. Replicas with another one are left out.
   std::size_t ref = 0, ref_votes = 0;
   for (std::size_t r = 0; r < n; ++r) {
     std::size_t votes = 0;
     for (std::size_t q = 0; q < n; ++q) {
-      votes += (base.empty() || carried(q)) && word(q, 2) == word(r, 2) && word(q, 3) == word(r, 3) ? 1 : 0;
+      votes += holds(q) && word(q, 2) == word(r, 2) && word(q, 3) == word(r, 3) ? 1 : 0;
     }
     if (votes > ref_votes) {
       ref = r;
@@ -79,29 +81,29 @@ struct heal_plan {
                                                          std::to_string(word(r, 3)) + " state bytes) than replica " +
                                                          members[ref] + " (" + std::to_string(word(ref, 3)) + ")");
       ok[r] = false;
-    } else if (word(r, 1) < 0 || word(r, 1) > 1 || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
+    } else if (word(r, 1) < 0 || word(r, 1) > latest_formed || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
       plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " reported malformed words");
       ok[r] = false;
     }
   }
-  const auto up_to_date = [&](std::size_t r) { return ok[r] && word(r, 1) == 0 && word(r, 4) == 0; };
-  // Who holds the committed state: members of the previous quorum that are up to date (a
-  // replica that left earlier holds an older step; one that received part of a heal holds
-  // nothing). Their steps differ by at most one (a vote that completed on some of them only).
+  const auto holder = [&](std::size_t r) { return ok[r] && latest_formed > 0 && holds(r) && word(r, 4) == 0; };
+  // The holders completed the same generation's forming, so they hold its state at its last
+  // commit: their steps agree (a vote that completed on some of them only is decided in the
+  // store, manager/decision.hpp; who cannot tell reports needs_heal).
   std::int64_t lo = std::numeric_limits<std::int64_t>::max();
   for (std::size_t r = 0; r < n; ++r) {
-    if (carried(r) && up_to_date(r)) lo = std::min(lo, word(r, 0));
+    if (holder(r)) lo = std::min(lo, word(r, 0));
   }
   const bool have_holder = lo != std::numeric_limits<std::int64_t>::max();
   // No quorum ever committed beyond "step_limit" (raise_step_limit()).
   for (std::size_t r = 0; r < n; ++r) {
-    if (!up_to_date(r)) continue;
+    if (!ok[r] || word(r, 4) != 0) continue;
     const bool ahead = word(r, 0) == std::numeric_limits<std::int64_t>::max() || word(r, 0) > step_limit ||
                        (have_holder && word(r, 0) > lo + 1);
     if (ahead) {
       plan.refused.emplace_back(static_cast<int>(r),
                                 "replica " + members[r] + " reported step " + std::to_string(word(r, 0)) +
-                                    ", ahead of every committed quorum (the previous quorum's members "
+                                    ", ahead of every committed quorum (the members that hold the state "
                                     "hold step " +
                                     (have_holder ? std::to_string(lo) : std::string("none")) +
                                     ", no quorum may have committed beyond " + std::to_string(step_limit) + ")");
@@ -110,24 +112,24 @@ struct heal_plan {
   }
   if (!plan.refused.empty()) return plan;
   for (std::size_t r = 0; r < n; ++r) {
-    if (carried(r) && up_to_date(r)) plan.step = std::max(plan.step, word(r, 0));
+    if (holder(r)) plan.step = std::max(plan.step, word(r, 0));
   }
   for (std::size_t r = 0; r < n; ++r) {
-    if (carried(r) && up_to_date(r) && word(r, 0) == plan.step) plan.sources.push_back(static_cast<int>(r));
+    if (holder(r) && word(r, 0) == plan.step) plan.sources.push_back(static_cast<int>(r));
   }
   return plan;
 }
 
-/// When nobody holds the committed state before the job's first heal completed (nothing was
-/// committed yet), any member's state may start the job: the first fresh member's, else rank 0's.
-[[nodiscard]] inline heal_plan first_heal_plan(std::span<const std::int64_t> all, std::size_t n) {
-  const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
+/// Before any step committed, any member's state may start the job: the first member's that is
+/// not part-way through a heal (its state is its own), else rank 0's.
+[[nodiscard]] inline heal_plan first_heal_plan(std::span<const std::int64_t> all) {
+  const std::size_t n = all.size() / member_report::words;
   std::size_t first = 0;
-  while (first + 1 < n && word(first, 1) == 0) ++first;
-  if (word(first, 1) == 0) first = 0;
+  while (first < n && all[first * member_report::words + 4] != 0) ++first;
+  if (first == n) first = 0;
   heal_plan plan;
   plan.sources.push_back(static_cast<int>(first));
-  plan.step = word(first, 0);
+  plan.step = n == 0 ? 0 : all[first * member_report::words];
   return plan;
 }
 

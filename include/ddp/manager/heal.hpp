@@ -2,15 +2,17 @@
 /// @file manager/heal.hpp
 /// @brief How a `Manager` (ddp/manager.hpp) moves the committed state to the members of a quorum
 /// that are behind: the state tensors in transfers of up to a chunk (large ones sliced, small ones
-/// coalesced) broadcast from the sources in turn, the scalars
-/// and the sources' step, then a hash of the state allgathered to prove every member holds the
-/// same bits. Host or device state (device state needs a communicator with a device queue). Not
-/// for users; see docs/fault-tolerance.md ("The protocol", "Over NCCL").
+/// coalesced) broadcast from all sources at once (transfer k from source k mod sources), all in
+/// flight together; each member hashes every transfer as it lands (XXH64); then the scalars and
+/// the sources' step, and the state hashes allgathered to prove every member holds the same bits.
+/// Host or device state (device state needs a communicator with a device queue). Not for users;
+/// see docs/fault-tolerance.md ("The protocol", "Over NCCL").
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,7 +20,6 @@
 #include <ddp/any_communicator.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/device_buffer.hpp>
-#include <ddp/detail/fnv1a.hpp>
 #include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
@@ -60,63 +61,63 @@ inline void check_state_placement(std::span<const tensor_view> ts, const any_com
                                   "to heal and hash it with: build a device communicator, or register host tensors");
 }
 
-/// FNV-1a over the state's bytes, the scalars and `step`. Device tensors are copied to the host
-/// first, `chunk_bytes` at a time, on `comm`'s device queue (after the healing broadcasts).
-[[nodiscard]] inline std::uint64_t state_hash(const state_view& state, std::int64_t step, const any_communicator& comm,
-                                              std::size_t chunk_bytes) {
-  std::uint64_t h = fnv1a_offset_basis;
-  std::vector<std::byte> host;
-  for (const tensor_view& t : state.tensors) {
-    if (t.where.is_host()) {
-      h = fnv1a(std::span<const std::byte>(t.byte_data(), t.bytes()), h);
-      continue;
+/// XXH64 (xxHash's 64-bit hash; doc/xxhash_spec.md in github.com/Cyan4973/xxHash) of `bytes`,
+/// from `seed`. The state hash's function: FNV-1a (detail/fnv1a.hpp) is one dependent multiply
+/// per byte, under 1 GB/s, slower than the transfer it checks; XXH64 takes 32 bytes a round in
+/// four independent lanes. Words are read in this machine's byte order (equal across processes
+/// of one machine type, like `fnv1a_object`); on little-endian machines it is XXH64 exactly.
+[[nodiscard]] inline std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed = 0) noexcept {
+  constexpr std::uint64_t p1 = 0x9E3779B185EBCA87ull, p2 = 0xC2B2AE3D27D4EB4Full, p3 = 0x165667B19E3779F9ull;
+  constexpr std::uint64_t p4 = 0x85EBCA77C2B2AE63ull, p5 = 0x27D4EB2F165667C5ull;
+  const auto word = [](const std::byte* at) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, at, sizeof v);
+    return v;
+  };
+  const auto round = [](std::uint64_t acc, std::uint64_t in) { return std::rotl(acc + in * p2, 31) * p1; };
+  const std::byte* p = bytes.data();
+  const std::byte* const end = p + bytes.size();
+  std::uint64_t h = seed + p5;
+  if (bytes.size() >= 32) {
+    std::uint64_t v[4] = {seed + p1 + p2, seed + p2, seed, seed - p1};
+    for (; end - p >= 32; p += 32) {
+      for (int i = 0; i < 4; ++i) v[i] = round(v[i], word(p + 8 * i));
     }
-    const ddp::device_queue q = comm.device_queue();  // present: check_state_placement()
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes);
-    host.resize(std::min(chunk, t.bytes()));
-    const device_event_owner done(*q.runtime, q.where);
-    for (std::size_t off = 0; off < t.bytes(); off += chunk) {
-      const std::size_t n = std::min(chunk, t.bytes() - off);
-      const copy_region r{host.data(), t.byte_data() + off, n};
-      q.runtime->copy(std::span<const copy_region>(&r, 1), q.stream);
-      q.runtime->record(done.get(), q.stream);
-      q.runtime->synchronize(done.get());
-      h = fnv1a(std::span<const std::byte>(host.data(), n), h);
-    }
+    h = std::rotl(v[0], 1) + std::rotl(v[1], 7) + std::rotl(v[2], 12) + std::rotl(v[3], 18);
+    for (const std::uint64_t lane : v) h = (h ^ round(0, lane)) * p1 + p4;
   }
-  h = fnv1a(std::as_bytes(state.scalars), h);
-  return fnv1a_object(step, h);
+  h += bytes.size();
+  for (; end - p >= 8; p += 8) h = std::rotl(h ^ round(0, word(p)), 27) * p1 + p4;
+  if (end - p >= 4) {
+    std::uint32_t w = 0;
+    std::memcpy(&w, p, sizeof w);
+    h = std::rotl(h ^ (w * p1), 23) * p2 + p3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = std::rotl(h ^ (std::to_integer<std::uint64_t>(*p) * p5), 11) * p1;
+  h = (h ^ (h >> 33)) * p2;
+  h = (h ^ (h >> 29)) * p3;
+  return h ^ (h >> 32);
 }
 
-/// Broadcasts the state of `step` from `sources` to every member of `comm` in transfers of at
-/// most `chunk_bytes`: a larger tensor in slices, runs of smaller ones of one placement together
-/// (one coalesced broadcast, not one per tensor: 4096 small tensors cost a few calls), transfer k
-/// from sources[k % sources], so the sending load is spread, all in flight at once; then the
-/// scalars and the step from the first source. Up-to-date members receive bytes identical to
-/// their own. Collective. Returns the tensor bytes moved; `meter` counts them as they arrive.
-/// @throws communication_error if a transfer fails, or the sources sent another step
-inline std::size_t broadcast_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
-                                   std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
+/// The state's transfers, in order: tensors of up to `chunk_bytes` (a larger one in slices of at
+/// most `chunk_bytes`, at least one element), runs of smaller ones of one placement coalesced
+/// into one transfer. Empty tensors move nothing. The same on every member (same state layout,
+/// same `heal_chunk_bytes`), which is what lets each member hash transfer by transfer.
+[[nodiscard]] inline std::vector<std::vector<tensor_view>> plan_transfers(std::span<const tensor_view> tensors,
+                                                                          std::size_t chunk_bytes) {
   const std::size_t limit = std::max<std::size_t>(1, chunk_bytes);
-  std::size_t moved = 0;
-  std::vector<work> transfers;
-  std::deque<std::vector<tensor_view>> groups(1);  // alive until the transfers completed
+  std::vector<std::vector<tensor_view>> groups(1);
   std::size_t group_bytes = 0;
-  auto send = [&] {
+  auto close = [&] {
     if (groups.back().empty()) return;
-    const int root = sources[(groups.size() - 1) % sources.size()];
-    transfers.push_back(
-        comm.broadcast(std::span<const tensor_view>(groups.back()), root).then([&meter, n = group_bytes] {
-          meter.add_bytes(n);
-        }));
-    moved += group_bytes;
     groups.emplace_back();
     group_bytes = 0;
   };
-  for (const auto& t : state.tensors) {
+  for (const auto& t : tensors) {
     if (t.count == 0) continue;
     const bool other_placement = !groups.back().empty() && groups.back().front().where != t.where;
-    if (other_placement || group_bytes + t.bytes() > limit) send();
+    if (other_placement || group_bytes + t.bytes() > limit) close();
     if (t.bytes() <= limit) {
       groups.back().push_back(t);
       group_bytes += t.bytes();
@@ -124,14 +125,114 @@ inline std::size_t broadcast_state(any_communicator& comm, const state_view& sta
     }
     const std::size_t per_chunk = std::max<std::size_t>(1, limit / size_of(t.type));
     for (std::size_t off = 0; off < t.count; off += per_chunk) {
-      const tensor_view slice = t.slice(off, std::min(per_chunk, t.count - off));
-      groups.back().push_back(slice);
-      group_bytes += slice.bytes();
-      send();
+      groups.back().push_back(t.slice(off, std::min(per_chunk, t.count - off)));
+      close();
     }
   }
-  send();
-  work::wait_all(transfers);  // round-robin, one deadline, an error naming the first pending chunk
+  if (groups.back().empty()) groups.pop_back();
+  return groups;
+}
+
+/// Hashes one transfer's bytes (XXH64, each tensor continuing from the previous one's hash):
+/// host bytes where they lie, device bytes copied to the host first on `comm`'s device queue
+/// (behind the healing broadcasts on that stream, so it reads what they wrote).
+class transfer_hasher {
+ public:
+  explicit transfer_hasher(const any_communicator& comm) : comm_(&comm) {}
+
+  [[nodiscard]] std::uint64_t operator()(std::span<const tensor_view> group) {
+    std::uint64_t h = 0;
+    if (group.empty() || group.front().where.is_host()) {
+      for (const tensor_view& t : group) h = xxh64({t.byte_data(), t.bytes()}, h);
+      return h;
+    }
+    const ddp::device_queue q = comm_->device_queue();  // present: check_state_placement()
+    if (!done_.get()) done_ = device_event_owner(*q.runtime, q.where);
+    std::size_t bytes = 0;
+    for (const tensor_view& t : group) bytes += t.bytes();
+    host_.resize(bytes);
+    regions_.clear();
+    for (std::size_t off = 0; const tensor_view& t : group) {  // one placement per transfer
+      regions_.push_back({host_.data() + off, t.byte_data(), t.bytes()});
+      off += t.bytes();
+    }
+    q.runtime->copy(regions_, q.stream);
+    q.runtime->record(done_.get(), q.stream);
+    q.runtime->synchronize(done_.get());
+    for (std::size_t off = 0; const tensor_view& t : group) {
+      h = xxh64({host_.data() + off, t.bytes()}, h);
+      off += t.bytes();
+    }
+    return h;
+  }
+
+ private:
+  const any_communicator* comm_;
+  std::vector<std::byte> host_;
+  std::vector<copy_region> regions_;
+  device_event_owner done_;
+};
+
+/// The state hash from the hashes of its transfers (`plan_transfers`, in order), the scalars and
+/// `step`.
+[[nodiscard]] inline std::uint64_t combine_state_hash(std::span<const std::uint64_t> transfers,
+                                                      std::span<const std::int64_t> scalars, std::int64_t step) {
+  std::uint64_t h = xxh64(std::as_bytes(transfers));
+  h = xxh64(std::as_bytes(scalars), h);
+  return xxh64(std::as_bytes(std::span<const std::int64_t>(&step, 1)), h);
+}
+
+/// The state hash, in one pass over the state as it is now: what `heal_state` computes as the
+/// transfers land. Device tensors are copied to the host a transfer at a time.
+[[nodiscard]] inline std::uint64_t state_hash(const state_view& state, std::int64_t step, const any_communicator& comm,
+                                              std::size_t chunk_bytes) {
+  transfer_hasher hash(comm);
+  std::vector<std::uint64_t> hashes;
+  for (const auto& group : plan_transfers(state.tensors, chunk_bytes)) hashes.push_back(hash(group));
+  return combine_state_hash(hashes, state.scalars, step);
+}
+
+/// What a heal moved: tensor bytes, and the state hash of what this member holds afterwards.
+struct healed_state {
+  std::size_t moved = 0;   ///< tensor bytes moved
+  std::uint64_t hash = 0;  ///< `state_hash` of the state after the transfer
+};
+
+/// Broadcasts the state of `step` from `sources` to every member of `comm` (`plan_transfers`:
+/// 4096 small tensors cost a few calls), transfer k from sources[k % sources] so that every
+/// source sends at once, all in flight together; then the scalars and the step from the first
+/// source. Each member hashes every host transfer as soon as it completes (the bytes it now
+/// holds, still in cache, while later transfers are in flight), device transfers afterwards.
+/// Up-to-date members receive bytes identical to their own. Collective. `meter` counts bytes
+/// as they arrive.
+/// @throws communication_error if a transfer fails, or the sources sent another step
+inline healed_state heal_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
+                               std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
+  const std::vector<std::vector<tensor_view>> groups = plan_transfers(state.tensors, chunk_bytes);
+  healed_state out;
+  std::vector<work> transfers;
+  transfers.reserve(groups.size());
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    std::size_t n = 0;
+    for (const tensor_view& t : groups[k]) n += t.bytes();
+    transfers.push_back(
+        comm.broadcast(std::span<const tensor_view>(groups[k]), sources[k % sources.size()]).then([&meter, n] {
+          meter.add_bytes(n);
+        }));
+    out.moved += n;
+  }
+  transfer_hasher hash(comm);
+  std::vector<std::uint64_t> hashes(groups.size());
+  std::vector<bool> hashed(groups.size(), false);
+  // Round-robin, one deadline, an error naming the first pending transfer.
+  work::wait_all(transfers, [&](std::size_t k) {
+    if (!groups[k].front().where.is_host()) return;  // its copy would wait for every broadcast queued
+    hashes[k] = hash(groups[k]);
+    hashed[k] = true;
+  });
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    if (!hashed[k]) hashes[k] = hash(groups[k]);
+  }
   std::vector<std::int64_t> scalars(state.scalars.begin(), state.scalars.end());
   scalars.push_back(step);
   communicator_ref(comm).broadcast(scalars, sources.front()).wait();
@@ -141,15 +242,23 @@ inline std::size_t broadcast_state(any_communicator& comm, const state_view& sta
         rank, "Manager healing",
         "the sources sent step " + std::to_string(scalars.back()) + ", expected " + std::to_string(step));
   }
-  return moved;
+  out.hash = combine_state_hash(hashes, state.scalars, step);
+  return out;
+}
+
+/// `heal_state` without the hash: returns the tensor bytes moved.
+inline std::size_t broadcast_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
+                                   std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
+  return heal_state(comm, state, sources, step, chunk_bytes, meter, rank).moved;
 }
 
 /// Proof that every member of `comm` (named by `members`, in rank order) now holds the same
-/// state, the sources' (hashed at the sources' `step`): one allgather of state hashes. Collective.
+/// state, the sources': one allgather of state hashes, `hash` being this member's (from
+/// `heal_state`, or `state_hash` at the sources' step). Collective.
 /// @throws communication_error naming a member whose hash differs
-inline void check_same_state(any_communicator& comm, const state_view& state, std::int64_t step,
-                             std::size_t chunk_bytes, const std::vector<std::string>& members, int rank) {
-  std::vector<std::int64_t> h{static_cast<std::int64_t>(state_hash(state, step, comm, chunk_bytes))};
+inline void check_same_state(any_communicator& comm, std::uint64_t hash, const std::vector<std::string>& members,
+                             int rank) {
+  std::vector<std::int64_t> h{static_cast<std::int64_t>(hash)};
   std::vector<std::int64_t> all(members.size());
   comm.allgather(view(h), view(all)).wait();
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -158,6 +267,12 @@ inline void check_same_state(any_communicator& comm, const state_view& state, st
                                 "replica " + members[r] + " holds a different state after healing");
     }
   }
+}
+
+/// `check_same_state` with the hash computed now, in a pass over the state at `step`.
+inline void check_same_state(any_communicator& comm, const state_view& state, std::int64_t step,
+                             std::size_t chunk_bytes, const std::vector<std::string>& members, int rank) {
+  check_same_state(comm, state_hash(state, step, comm, chunk_bytes), members, rank);
 }
 
 }  // namespace ddp::detail

@@ -16,6 +16,7 @@
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/store.hpp>
+#include <ddp/time_source.hpp>
 
 namespace ddp {
 
@@ -43,6 +44,9 @@ struct manager_options {
   /// Reports long operations: healing (bytes, rate, time left) and quorum rendezvous (who has
   /// not arrived). Default: lines on stderr from rank 0 for operations over 2 s (progress.hpp).
   progress_sink progress = print_progress();
+  /// The clock the protocol's deadlines, heartbeats and polling follow (null: the machine's). The
+  /// deterministic simulation passes its virtual clock (time_source.hpp); it must outlive the Manager.
+  time_source* time = nullptr;
 };
 
 /// A quorum as the communicator factory sees it.

@@ -26,12 +26,6 @@
 
 namespace ddp::detail {
 
-/// Wall-clock time, in ms since the epoch: what a heartbeat holds.
-[[nodiscard]] inline std::int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 /// Whether the stored heartbeat `text` is one, and younger than `timeout` at `now_ms`.
 [[nodiscard]] inline bool heartbeat_fresh(std::string_view text, std::int64_t now_ms,
                                           std::chrono::milliseconds timeout) noexcept {
@@ -45,7 +39,7 @@ namespace ddp::detail {
   if (id == opts.replica_id) return true;
   const auto v = store.get("hb/" + id);
   if (!v) return false;
-  return heartbeat_fresh(to_text(*v), wall_ms(), opts.heartbeat_timeout);
+  return heartbeat_fresh(to_text(*v), wall_ms_of(opts.time), opts.heartbeat_timeout);
 }
 
 /// The "current" record (see encode_quorum_record), or an empty one (generation 0) if none.
@@ -131,6 +125,7 @@ struct installed_generation {
   g.progress = opts.progress;
   g.expected = std::move(live);  // also named by the rendezvous' progress reports while missing
   g.timeout = std::max(std::chrono::milliseconds(1), std::min(left, opts.heartbeat_timeout + 4 * opts.settle));
+  g.time = opts.time;
   return g;
 }
 
@@ -174,13 +169,28 @@ struct enrollment {
     if (replica_alive(store, id, opts)) live.push_back(id);
   }
   const int pending = hint.generation == base_gen ? pending_joins(joins_answered, hint.joins) : 1 << 20;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now_of(opts.time));
   const stores::group_options g = quorum_group(base, std::move(live), pending, opts, left);
   const std::uint64_t target = base_gen + 1;
   generation = target;
   stores::prefix_store<store_ref> gen_store(store, "g" + std::to_string(target) + "/");
   stores::membership m = stores::enroll_any(gen_store, opts.replica_id, g);
   return {target, std::move(base), joins_answered, std::move(m)};
+}
+
+/// The latest generation at or below `from` whose forming some member completed (its
+/// "g<k>/formed" record, written before any of its steps), or 0 if none did. Generations that
+/// closed but never formed (a member died while they formed) commit nothing and are skipped.
+[[nodiscard]] inline std::int64_t latest_formed(store_ref store, std::uint64_t from) {
+  for (std::uint64_t k = from; k > 0; --k) {
+    if (store.get("g" + std::to_string(k) + "/formed")) return static_cast<std::int64_t>(k);
+  }
+  return 0;
+}
+
+/// Records that this member completed the forming of generation `g` (see latest_formed).
+inline void record_formed(store_ref store, std::uint64_t g) {
+  store.set("g" + std::to_string(g) + "/formed", as_bytes(std::string_view("1")));
 }
 
 /// After `e` closed: the join requests its quorum answers, and, by its rank 0, the "current"

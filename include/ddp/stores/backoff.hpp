@@ -8,18 +8,20 @@
 #include <chrono>
 #include <thread>
 
+#include <ddp/time_source.hpp>
+
 namespace ddp::stores::detail {
 
 class backoff {
  public:
   explicit backoff(std::chrono::microseconds cap) noexcept : cap_(std::max(cap, std::chrono::microseconds(50))) {}
 
-  /// Sleeps for the next interval, never past `deadline`.
-  void sleep_until_next(std::chrono::steady_clock::time_point deadline) {
-    const auto now = std::chrono::steady_clock::now();
+  /// Sleeps for the next interval, never past `deadline`, by `time` (null: the machine's clock).
+  void sleep_until_next(std::chrono::steady_clock::time_point deadline, time_source* time = nullptr) {
+    const auto now = ddp::detail::now_of(time);
     if (now >= deadline) return;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-    std::this_thread::sleep_for(std::min(next_, left));
+    ddp::detail::sleep_until_of(time, now + std::min(next_, left));
     next_ = std::min(next_ * 2, cap_);
   }
 

@@ -53,6 +53,9 @@ struct group_options {
   /// `enroll_any` only: whether the ids present (in arrival order) may form the group, e.g. "they
   /// hold a majority of the previous group". Null: any `min_members` may.
   std::function<bool(const std::vector<std::string>&)> admissible{};
+  /// `enroll_any` only: the clock its deadline, settle time and polling follow (null: the
+  /// machine's; see time_source.hpp).
+  time_source* time = nullptr;
 };
 
 /// The agreed group, as one member sees it.
@@ -265,7 +268,8 @@ template <store S>
 ///         if it formed without this process
 template <store S>
 [[nodiscard]] membership enroll_any(S& s, std::string_view id, const group_options& opts = {}) {
-  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+  const auto now_time = [&opts] { return ddp::detail::now_of(opts.time); };
+  const auto deadline = now_time() + opts.timeout;
   const std::int64_t me = detail::arrive(s, id, opts);
   const auto result = [&](const store_value& v) { return detail::membership_in(to_text(v), me, id); };
   progress_meter meter(&opts.progress, "rendezvous", 0, 0, {}, std::chrono::milliseconds(500));
@@ -275,7 +279,7 @@ template <store S>
   bool claimed_by_other = false;
   for (;;) {
     if (auto v = s.get("members/closed")) return result(*v);
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = now_time();
     if (now >= deadline) {
       s.set("members/gone/" + std::to_string(me), as_bytes(std::string_view("1")));
       if (auto v = s.get("members/closed")) return result(*v);  // listed before the mark was read
@@ -289,7 +293,7 @@ template <store S>
       std::vector<detail::arrival> present;
       bool scanned = true;  // every arrival read before the deadline: a partial view never closes
       for (std::int64_t i = 0; i < arrived; ++i) {
-        if (std::chrono::steady_clock::now() >= deadline) {
+        if (now_time() >= deadline) {
           scanned = false;
           break;
         }
@@ -320,7 +324,7 @@ template <store S>
         claimed_by_other = true;  // its list appears in a moment
       }
     }
-    pause.sleep_until_next(deadline);
+    pause.sleep_until_next(deadline, opts.time);
   }
 }
 
