@@ -1,16 +1,19 @@
 // What fault tolerance costs: the Manager's per-step protocol against plain Bucketer training,
-// and healing time against state size.
+// and healing time against state size and against an allreduce of the same bytes.
 //
-//   mpiexec -n 2 manager_bench [--shapes resnet50.txt] [--iters 30] [--heal-mib 1,16,64,256]
-//                              [--heal-small 4096] [--csv FILE]
+//   ddp-run -n 2 manager_bench [--shapes resnet50.txt] [--iters 30] [--heal-mib 64,256,1024]
+//                              [--heal-reps 3] [--heal-chunk-mib 16] [--heal-small 4096] [--csv FILE]
 //
 // Steady state: the same gradients (ResNet-50 shapes by default) are synchronised per iteration by
 // (a) a Bucketer with a fixed layout over ddp::mpi::communicator and (b) the same Bucketer over a
 // Manager whose quorums are built on MPI, with start_quorum(), the commit vote and heartbeats to
 // a file store; the two alternate iteration by iteration, so machine noise hits both alike.
-// Healing: a fresh job whose rank 1 receives the whole state from rank 0 (the same transfer a
-// restarted replica gets), for several state sizes, and for many small tensors against one
-// tensor of the same bytes.
+// Healing: ranks 0..n-2 train (commit a step), then rank n-1 joins and receives the whole state
+// from every one of them (n-1 sources; the transfer a restarted replica gets). Right after, the
+// same Manager allreduces the same bytes (sum, over the quorum's communicator, so the heal and
+// the allreduce use one communicator): its bus bandwidth, bytes * 2(n-1)/n / time as nccl-tests
+// define it, is the yardstick. Sizes are interleaved within each repetition; medians reported.
+// Also many small tensors against one tensor of the same bytes.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
@@ -38,11 +42,20 @@
 
 namespace {
 
-// Quorums over MPI: the ranks of the quorum are ordered by the Manager's membership.
+// Quorums over MPI: a communicator over the quorum's members only (replica "r<k>" is world rank
+// k), ordered by the Manager's membership. MPI_Comm_create_group is collective over the members
+// alone, so a quorum can form while other ranks are elsewhere (a replica that joins later).
 ddp::communicator_factory mpi_factory() {
   return [](const ddp::quorum_info& q) {
+    std::vector<int> world_ranks;
+    for (const auto& id : q.members) world_ranks.push_back(std::stoi(id.substr(1)));
+    MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
     MPI_Comm ordered = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, 0, q.rank, &ordered);
+    MPI_Comm_create_group(MPI_COMM_WORLD, members, static_cast<int>(q.generation % 32768), &ordered);
+    MPI_Group_free(&members);
+    MPI_Group_free(&world);
     ddp::any_communicator c{ddp::mpi::communicator(ordered)};
     MPI_Comm_free(&ordered);
     return c;
@@ -65,10 +78,10 @@ std::string job_dir(ddp::mpi::communicator& comm, const std::string& tag) {
   return std::string(chars.begin(), chars.end());
 }
 
-ddp::manager_options options_for(int rank) {
+ddp::manager_options options_for(int rank, int min_replicas = 2) {
   ddp::manager_options o;
   o.replica_id = "r" + std::to_string(rank);
-  o.min_replicas = 2;
+  o.min_replicas = min_replicas;
   o.settle = std::chrono::milliseconds(50);
   return o;
 }
@@ -80,10 +93,12 @@ int main(int argc, char** argv) {
   auto comm = ddp::mpi::communicator::world();
   const int rank = comm.rank();
   try {
-    bench::cli args(argc, argv, "Manager overhead and healing time (run with mpiexec -n 2)",
+    bench::cli args(argc, argv, "Manager overhead and healing time (run with ddp-run -n 2 or more)",
                     {{"--shapes", "FILE", "parameter shapes (default: 20 x 64Ki floats)"},
                      {"--iters", "N", "measured iterations per variant (default 30)"},
-                     {"--heal-mib", "LIST", "state sizes to heal, MiB (default 1,16,64,256)"},
+                     {"--heal-mib", "LIST", "state sizes to heal, MiB (default 64,256,1024)"},
+                     {"--heal-reps", "N", "heals (and allreduces) per size, interleaved (default 3)"},
+                     {"--heal-chunk-mib", "N", "manager_options::heal_chunk_bytes, MiB (default: the option's)"},
                      {"--heal-small", "N", "N tensors of 1 KiB healed against one of N KiB (default 4096)"}});
     if (args.has("--help")) {
       if (rank == 0) args.print_help(std::cout);
@@ -151,62 +166,134 @@ int main(int argc, char** argv) {
     steady.add({std::string("Bucketer over Manager"), static_cast<double>(bytes) / (1 << 20), mm,
                 *std::min_element(t_managed.begin(), t_managed.end()), mm / mp});
 
-    // Healing: a fresh job per size; rank 1 receives the state from rank 0.
-    bench::table heal({{"state MiB"}, {"heal ms", 3}, {"GB/s", 3}, {"start_quorum ms", 3}});
+    // Healing: a fresh job per heal. Ranks 0..n-2 form a quorum and commit a step; then rank n-1
+    // joins and receives the state from all of them.
+    const int n = comm.size();
+    const int sources = std::max(1, n - 1);
     std::vector<std::int64_t> sizes;
     {
-      std::stringstream ss(args.string_or("--heal-mib", "1,16,64,256"));
+      std::stringstream ss(args.string_or("--heal-mib", "64,256,1024"));
       for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoll(s));
     }
-    // A fresh job in which rank 1 receives `tensors` from rank 0; returns {start_quorum ms, heal ms},
-    // the slower rank's.
-    auto heal_once = [&](const std::string& tag, std::vector<std::vector<float>>& tensors) {
+    const int reps = static_cast<int>(args.int_or("--heal-reps", 3));
+    const std::int64_t chunk_mib = args.int_or("--heal-chunk-mib", 0);
+    auto heal_options = [&] {
+      ddp::manager_options o = options_for(rank, sources);
+      if (chunk_mib > 0) o.heal_chunk_bytes = static_cast<std::size_t>(chunk_mib) << 20;
+      return o;
+    };
+    auto ms_since = [](std::chrono::steady_clock::time_point t0) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    // One heal of `tensors` into rank n-1, then `allreduces` timed allreduces of them through the
+    // same Manager (after one untimed). Returns {start_quorum ms, heal ms, allreduce ms...}, each
+    // the slowest rank's.
+    auto heal_once = [&](const std::string& tag, std::vector<std::vector<float>>& tensors, int allreduces) {
       const std::string hdir = job_dir(comm, tag);
       ddp::stores::file_store hstore(hdir);
       ddp::training_state hs;
+      const bool joiner = rank == n - 1;
       for (auto& t : tensors) {
-        std::fill(t.begin(), t.end(), rank == 0 ? 1.0f : 0.0f);
+        std::fill(t.begin(), t.end(), joiner ? 0.0f : 1.0f);
         hs.add(t);
       }
-      ddp::Manager m(hstore, mpi_factory(), hs, options_for(rank));
-      const auto t0 = std::chrono::steady_clock::now();
-      m.start_quorum();
-      std::vector<double> v{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-                            m.stats().heal_ms};
-      ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::max).wait();
-      for (const auto& t : tensors) {
-        if (t.back() != 1.0f) throw std::runtime_error("healed state differs from the source");
+      ddp::Manager m(hstore, mpi_factory(), hs, heal_options());
+      if (!joiner) {
+        m.start_quorum();
+        if (!m.should_commit()) throw std::runtime_error("the sources' first step failed to commit");
       }
+      comm.barrier().wait();  // the sources hold a committed step
+      std::vector<double> v{0.0, 0.0};
+      if (joiner) {
+        const auto t0 = std::chrono::steady_clock::now();
+        m.start_quorum();
+        v = {ms_since(t0), m.stats().heal_ms};
+      } else {
+        for (;;) {  // step until the joiner is admitted (and healed)
+          m.start_quorum();
+          if (m.size() == n) break;
+          if (!m.should_commit()) throw std::runtime_error("a fault-free step failed to commit");
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+      for (const auto& t : tensors) {
+        if (t.front() != 1.0f || t.back() != 1.0f) throw std::runtime_error("healed state differs from the source");
+      }
+      std::vector<ddp::tensor_view> views;
+      for (auto& t : tensors) views.push_back(ddp::view(t));
+      for (int i = 0; i <= allreduces; ++i) {
+        comm.barrier().wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        m.allreduce(views, ddp::reduce_op::sum).wait();
+        if (i > 0) v.push_back(ms_since(t0));
+      }
+      if (m.failed()) std::rethrow_exception(m.error());
+      ddp::communicator_ref(comm).allreduce(v, ddp::reduce_op::max).wait();
       comm.barrier().wait();
       if (rank == 0) std::filesystem::remove_all(hdir);
       return v;
     };
-    for (auto mib : sizes) {
-      std::vector<std::vector<float>> state(1, std::vector<float>(static_cast<std::size_t>(mib) << 18));
-      const auto v = heal_once("heal" + std::to_string(mib), state);
-      heal.add({mib, v[1], static_cast<double>(mib << 20) / (v[1] * 1e6), v[0]});
+    std::vector<std::vector<double>> heal_ms(sizes.size()), allreduce_ms(sizes.size()), quorum_ms(sizes.size());
+    for (int r = 0; r < reps; ++r) {
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        std::vector<std::vector<float>> state(1, std::vector<float>(static_cast<std::size_t>(sizes[i]) << 18));
+        const auto v = heal_once("heal" + std::to_string(sizes[i]), state, 2);
+        quorum_ms[i].push_back(v[0]);
+        heal_ms[i].push_back(v[1]);
+        allreduce_ms[i].insert(allreduce_ms[i].end(), v.begin() + 2, v.end());
+      }
+    }
+    bench::table heal({{"state MiB"},
+                       {"ranks"},
+                       {"sources"},
+                       {"heal ms", 1},
+                       {"heal GB/s", 2},
+                       {"allreduce ms", 1},
+                       {"busbw GB/s", 2},
+                       {"heal/busbw", 2},
+                       {"start_quorum ms", 1}});
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const double bytes_i = static_cast<double>(sizes[i] << 20);
+      const double h = bench::median(heal_ms[i]), a = bench::median(allreduce_ms[i]);
+      const double heal_gbs = bytes_i / (h * 1e6), busbw = bytes_i * 2.0 * (n - 1) / n / (a * 1e6);
+      heal.add({sizes[i], std::int64_t{n}, std::int64_t{sources}, h, heal_gbs, a, busbw, heal_gbs / busbw,
+                bench::median(quorum_ms[i])});
     }
     // Many small tensors against one of the same bytes (the Manager coalesces small ones).
     bench::table small({{"state"}, {"heal ms", 3}, {"start_quorum ms", 3}});
     const auto small_count = static_cast<std::size_t>(args.int_or("--heal-small", 4096));
-    for (const std::size_t n : {std::size_t{1}, small_count}) {
-      std::vector<std::vector<float>> state(n, std::vector<float>(small_count * 256 / n));
-      const auto v = heal_once("small" + std::to_string(n), state);
-      small.add({std::to_string(n) + " x " + std::to_string(small_count / n) + " KiB", v[1], v[0]});
+    std::vector<std::vector<double>> small_heal(2), small_quorum(2);
+    const std::size_t shapes[] = {1, small_count};
+    for (int r = 0; r < reps; ++r) {
+      for (std::size_t i = 0; i < 2; ++i) {
+        std::vector<std::vector<float>> state(shapes[i], std::vector<float>(small_count * 256 / shapes[i]));
+        const auto v = heal_once("small" + std::to_string(shapes[i]), state, 0);
+        small_quorum[i].push_back(v[0]);
+        small_heal[i].push_back(v[1]);
+      }
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      small.add({std::to_string(shapes[i]) + " x " + std::to_string(small_count / shapes[i]) + " KiB",
+                 bench::median(small_heal[i]), bench::median(small_quorum[i])});
     }
     if (rank == 0) {
-      std::cout << "Manager steady-state overhead, 2 ranks over MPI (median of " << iters
+      std::cout << "Manager steady-state overhead, " << n << " ranks over MPI (median of " << iters
                 << " alternating iterations)\n";
       steady.print(std::cout);
-      std::cout << "\nHealing a fresh replica (state streamed by broadcast in 16 MiB chunks, all in flight at once)\n";
+      std::cout << "\nHealing a joining replica from " << sources
+                << " up-to-date replica(s), against an allreduce of the same bytes on the same communicator"
+                << " (median of " << reps << " heals, " << 2 * reps << " allreduces; chunks of "
+                << (heal_options().heal_chunk_bytes >> 20) << " MiB)\n";
       heal.print(std::cout);
-      std::cout << "\nHealing many small tensors against one tensor of the same bytes\n";
+      std::cout << "\nHealing many small tensors against one tensor of the same bytes (median of " << reps << ")\n";
       small.print(std::cout);
       if (auto csv = args.csv()) {
         std::ofstream out(*csv);
         steady.write_csv(out);
         out << "\n";
         heal.write_csv(out);
+        out << "\n";
+        small.write_csv(out);
       }
       std::filesystem::remove_all(dir);
     }

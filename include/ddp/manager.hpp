@@ -358,22 +358,12 @@ class Manager {
     // would stop the job).
     const auto deadline = now() + opts_.quorum_timeout;
     stores::detail::backoff pause(std::chrono::milliseconds(50));
-    bool registered = false;
     for (;;) {
       try {
-        if (!registered) d = detail::register_decision(store_, generation_, vote_failed, expected, size_);
-        registered = true;
-        // Before this member applies its first step: the job has committed (see exchange_and_heal).
-        if (d == detail::commit_decision::commit && !recorded_commit_) {
-          store_.set("committed", as_bytes(std::string_view("1")));
-          recorded_commit_ = true;
-        }
+        d = detail::register_decision(store_, generation_, vote_failed, expected, size_);
         break;
       } catch (const ddp::error&) {
-        if (now() >= deadline) {
-          if (registered) d = detail::commit_decision::unknown;  // committed, but cannot say so: do not apply
-          break;
-        }
+        if (now() >= deadline) break;
         pause.sleep_until_next(deadline, opts_.time);
       }
     }
@@ -448,10 +438,10 @@ class Manager {
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
     exchange_and_heal();
     // The communicators' keys of older generations are garbage now (gloo keys are write-once
-    // anyway). Member lists stay: they are small, and they are the chain of generations.
+    // anyway). Member lists, "formed" records and decision counters stay: they are small, and
+    // they are the chain of generations and what it committed.
     if (m.rank == 0 && target > 2) {
       store_.erase_prefix("g" + std::to_string(target - 2) + "/comm/");
-      store_.erase_prefix(detail::decision_key(target - 2));
     }
     generation_start_ = step_;
     join_requested_ = false;
@@ -471,17 +461,18 @@ class Manager {
   [[nodiscard]] detail::state_view state() const { return {tensors_(), scalars_()}; }
 
   // Members exchange their reports (manager/exchange.hpp); those behind receive the state from
-  // the members that completed the latest generation formed (only such a generation commits
-  // steps). A replica whose words are wrong is left out: it is told (the error, kept in refused_,
-  // is thrown by every later start_quorum()), and the others form the next generation without it.
-  // Forming completes with this member's "formed" record of the generation, before any step.
+  // the members that completed forming the latest generation every member finished forming, or
+  // a later one (only such a generation commits steps: manager/quorum.hpp, latest_complete). A replica whose words are
+  // wrong is left out: it is told (the error, kept in refused_, is thrown by every later start_quorum()), and the
+  // others form the next generation without it. Forming completes with this member's "formed" record of the generation,
+  // before any step.
   void exchange_and_heal() {
     const auto n = static_cast<std::size_t>(size_);
     const detail::member_report report{step_, formed_, layout_fingerprint_, state().tensor_bytes(), needs_heal_};
     std::vector<std::int64_t> mine = report.encode();
     std::vector<std::int64_t> all(detail::member_report::words * n);
     comm_.allgather(view(mine), view(all)).wait();
-    const std::int64_t formed = detail::latest_formed(store_, generation_ - 1);
+    const std::int64_t formed = detail::latest_committing(store_, generation_ - 1);
     detail::heal_plan plan = detail::plan_heal(all, members_, formed, detail::read_step_limit(store_));
     if (!plan.refused.empty()) {
       const detail::refusal r = detail::refusal_for(plan.refused, rank_, generation_);
@@ -489,10 +480,9 @@ class Manager {
       std::rethrow_exception(r.error);
     }
     if (plan.sources.empty()) {
-      // Nobody here holds the committed state. Before any step committed ("committed" is set
-      // before a member applies its first), any member's state may start the job; after, waiting
-      // for a holder is the only safe course.
-      if (formed > 0 && store_.get("committed")) {
+      // Nobody here holds the committed state. Before any step committed, any member's state may
+      // start the job; after, waiting for a holder is the only safe course.
+      if (formed > 0) {
         std::string here;
         for (std::size_t r = 0; r < n; ++r) {
           const std::int64_t* w = all.data() + r * detail::member_report::words;
@@ -501,7 +491,7 @@ class Manager {
         }
         throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
                                   "no member holds the committed state (none of the members of generation " +
-                                      std::to_string(formed) + ", the latest formed, is here: " + here +
+                                      std::to_string(formed) + ", the latest that committed, is here: " + here +
                                       "); waiting for one");
       }
       plan = detail::first_heal_plan(all);
@@ -518,9 +508,9 @@ class Manager {
         participating_ = !i_recover;
       }
     }
-    detail::record_formed(store_, generation_);
     formed_ = static_cast<std::int64_t>(generation_);
     needs_heal_ = false;  // every member holds the sources' bits now (the hash check, or none was needed)
+    detail::record_formed(store_, generation_, rank_);  // before this member's first vote in the generation
   }
 
   // Moves the state of `max_step` from `sources` to the members behind (manager/heal.hpp).
@@ -536,8 +526,7 @@ class Manager {
     // From its first received byte until the hash check passes, a receiver holds nothing: it
     // reports "needs healing" to every later quorum, never serves as a source, keeps its step.
     if (receiving) needs_heal_ = true;
-    // Hashed as the transfers land: the check needs no second pass over the state.
-    const detail::healed_state healed =
+    const detail::healed_state healed =  // hashed as the transfers land: no second pass for the check
         detail::heal_state(comm_, st, sources, max_step, opts_.heal_chunk_bytes, meter, rank_);
     detail::check_same_state(comm_, healed.hash, members_, rank_);
     const std::size_t moved = healed.moved;
@@ -578,7 +567,6 @@ class Manager {
   std::int64_t step_ = 0;
   std::int64_t generation_start_ = 0;  // step_ when the current quorum formed (every member's)
   std::int64_t formed_ = 0;            // the last generation whose forming this member completed (0: fresh)
-  bool recorded_commit_ = false;       // this process set the store's "committed"
   bool needs_heal_ = false;            // received part of a heal that has not passed its check
   std::int64_t step_limit_ = 0;        // rank 0: "step_limit" as last raised (steps below it may commit)
   std::exception_ptr refused_;         // this replica was left out of quorums for good (refuse())

@@ -45,6 +45,16 @@ concept store = requires(S& s, std::string_view key, std::span<const std::byte> 
   { s.erase_prefix(key) } -> std::same_as<std::size_t>;
 };
 
+/// A store that can also write a key only if it has no value yet: `set_if_absent(key, value)`
+/// stores `value` if `key` has none, atomically, and returns the value `key` holds afterwards
+/// (the first writer's, whoever that was). With it, a group that forms in the store (the
+/// Manager's quorums) closes in one operation; without it, by a counter claim and then a write,
+/// which a process that dies between the two leaves unclosed (docs/backends-gloo.md).
+template <class S>
+concept first_write_store = store<S> && requires(S& s, std::string_view key, std::span<const std::byte> value) {
+  { s.set_if_absent(key, value) } -> std::same_as<store_value>;
+};
+
 /// Non-owning reference to any store. Cheap to copy; the store must outlive the reference.
 class store_ref {
  public:
@@ -69,6 +79,14 @@ class store_ref {
   std::int64_t add(std::string_view key, std::int64_t delta) const { return vt_->add(obj_, key, delta); }
   /// Removes every value and counter whose key starts with `prefix`; returns how many.
   std::size_t erase_prefix(std::string_view prefix) const { return vt_->erase_prefix(obj_, prefix); }
+  /// True if the referenced store models `first_write_store`.
+  [[nodiscard]] bool has_set_if_absent() const noexcept { return vt_->set_if_absent != nullptr; }
+  /// The referenced store's `set_if_absent` (`first_write_store`).
+  /// @throws usage_error if it has none (ask `has_set_if_absent()` first)
+  store_value set_if_absent(std::string_view key, std::span<const std::byte> value) const {
+    if (!vt_->set_if_absent) throw usage_error(-1, "store set_if_absent", "this store has no set_if_absent");
+    return vt_->set_if_absent(obj_, key, value);
+  }
 
  private:
   struct vtable {
@@ -77,7 +95,20 @@ class store_ref {
     void (*wait)(void*, std::span<const std::string>, std::chrono::milliseconds);
     std::int64_t (*add)(void*, std::string_view, std::int64_t);
     std::size_t (*erase_prefix)(void*, std::string_view);
+    store_value (*set_if_absent)(void*, std::string_view, std::span<const std::byte>);  // null: none
   };
+
+  template <class S>
+  static constexpr auto first_set_of() {
+    using fn = store_value (*)(void*, std::string_view, std::span<const std::byte>);
+    if constexpr (first_write_store<S>) {
+      return fn{[](void* o, std::string_view k, std::span<const std::byte> v) {
+        return static_cast<S*>(o)->set_if_absent(k, v);
+      }};
+    } else {
+      return fn{nullptr};
+    }
+  }
 
   template <class S>
   static constexpr vtable table_for = {
@@ -86,6 +117,7 @@ class store_ref {
       [](void* o, std::span<const std::string> ks, std::chrono::milliseconds t) { static_cast<S*>(o)->wait(ks, t); },
       [](void* o, std::string_view k, std::int64_t d) { return static_cast<S*>(o)->add(k, d); },
       [](void* o, std::string_view p) { return static_cast<S*>(o)->erase_prefix(p); },
+      first_set_of<S>(),
   };
 
   void* obj_;
@@ -93,6 +125,18 @@ class store_ref {
 };
 
 static_assert(store<store_ref>, "store_ref must itself model the concept");
+
+namespace detail {
+/// Whether `s` can `set_if_absent`: a `first_write_store`, or a reference to one.
+template <ddp::store S>
+[[nodiscard]] bool has_set_if_absent(S& s) noexcept {
+  if constexpr (requires { s.has_set_if_absent(); }) {
+    return s.has_set_if_absent();
+  } else {
+    return first_write_store<S>;
+  }
+}
+}  // namespace detail
 
 /// The bytes of a string, for `set`.
 [[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {

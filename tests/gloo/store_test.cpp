@@ -113,6 +113,23 @@ void check_contract(S& s) {
     CHECK(took >= 200ms);
     CHECK(took < 3000ms);  // 200 ms, with margin for a loaded machine
   }
+  SECTION("set_if_absent keeps the first value and returns it") {
+    STATIC_REQUIRE(ddp::first_write_store<S>);
+    CHECK(text_of(s.set_if_absent("once/a", ddp::as_bytes("first"))) == "first");
+    CHECK(text_of(s.set_if_absent("once/a", ddp::as_bytes("second"))) == "first");
+    CHECK(text_of(s.get("once/a")) == "first");
+    s.set("once/b", ddp::as_bytes("set"));
+    CHECK(text_of(s.set_if_absent("once/b", ddp::as_bytes("later"))) == "set");
+    CHECK(s.set_if_absent("once/empty", {}).empty());
+    // Through a type-erased reference and a namespace, too.
+    ddp::store_ref ref(s);
+    REQUIRE(ref.has_set_if_absent());
+    st::prefix_store<ddp::store_ref> ns(ref, "once/");
+    CHECK(text_of(ns.set_if_absent("a", ddp::as_bytes("third"))) == "first");
+    CHECK(text_of(ns.set_if_absent("c", ddp::as_bytes("third"))) == "third");
+    CHECK(usage_error_of([&] { (void)s.set_if_absent("a b", ddp::as_bytes("x")); }).find("outside") !=
+          std::string::npos);
+  }
   SECTION("counters are atomic adds, separate from values") {
     CHECK(s.add("n/c", 0) == 0);
     CHECK(s.add("n/c", 5) == 5);
@@ -199,6 +216,26 @@ void check_across_processes(Make make) {
     for (int v = 1; v <= 100; ++v) CHECK(all.count(v) == 1);
     auto s = make();
     CHECK(s.add("count", 0) == 100);
+  }
+  SECTION("set_if_absent from 4 processes at once: every one gets the first value written") {
+    process_group g(4, [&](int rank, const reporter& rep) {
+      auto s = make();
+      std::string seen;
+      for (int i = 0; i < 20; ++i) {
+        const std::string key = "first/" + std::to_string(i);
+        seen += ddp::to_text(s.set_if_absent(key, ddp::as_bytes("rank " + std::to_string(rank)))) + ";";
+      }
+      rep.set("seen", seen);
+    });
+    const auto outs = g.wait_all(20s);
+    for (const auto& o : outs) {
+      REQUIRE(o.ok());
+      CHECK(o.value("seen") == outs.front().value("seen"));  // the same winner of every key, everywhere
+    }
+    auto s = make();
+    std::string stored;
+    for (int i = 0; i < 20; ++i) stored += text_of(s.get("first/" + std::to_string(i))) + ";";
+    CHECK(stored == outs.front().value("seen"));
   }
   SECTION("wait sees a key another process sets later") {
     process_group g(2, [&](int rank, const reporter&) {

@@ -9,7 +9,7 @@
 //   3. no step is committed twice with different results;
 //   4. liveness: once the faults stop, every replica reaches the target step within a bound.
 // A failing seed prints its number, its trace, and replays exactly with DDP_SIM_SEED=<n>.
-// Environment: DDP_SIM_SEEDS (how many, default 300), DDP_SIM_FIRST (the first, default 1),
+// Environment: DDP_SIM_SEEDS (how many, default 1000), DDP_SIM_FIRST (the first, default 1),
 // DDP_SIM_SEED (just this one, with its trace).
 #include <chrono>
 #include <cstdint>
@@ -139,7 +139,10 @@ class job {
     for (int g = 1; g < 4096; ++g) {
       const auto v = shared_.get("g" + std::to_string(g) + "/members/closed");
       if (!v) continue;
-      out += "    g" + std::to_string(g) + ": " + ddp::to_text(*v) + "\n";
+      std::string text = ddp::to_text(*v);
+      for (char& c : text) c = c == '\n' ? ' ' : c;
+      out += "    g" + std::to_string(g) + ": " + text +
+             (shared_.get("g" + std::to_string(g) + "/formed") ? " formed" : "") + "\n";
     }
     return out;
   }
@@ -342,7 +345,7 @@ TEST_CASE("Manager under deterministic simulation: the invariants hold for every
     CHECK(run_seed(std::strtoull(one, nullptr, 10), true));
     return;
   }
-  const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_SEEDS", 300);
+  const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_SEEDS", 1000);
   std::vector<std::uint64_t> failed;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     if (!run_seed(seed, false)) failed.push_back(seed);

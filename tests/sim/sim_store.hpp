@@ -43,6 +43,15 @@ class sim_store {
     }
     shared_.set(key, value);
   }
+  ddp::store_value set_if_absent(std::string_view key, std::span<const std::byte> value) {
+    enter("set_if_absent");
+    if (faults_.watch && key.ends_with("members/closed")) {
+      std::string text = ddp::to_text(value);
+      for (char& c : text) c = c == '\n' ? ';' : c;
+      faults_.watch(tag_, "set_if_absent " + std::string(key) + " = " + text);
+    }
+    return shared_.set_if_absent(key, value);
+  }
   [[nodiscard]] std::optional<ddp::store_value> get(std::string_view key) {
     enter("get");
     return shared_.get(key);
@@ -90,6 +99,6 @@ class sim_store {
   int tag_;
 };
 
-static_assert(ddp::store<sim_store>);
+static_assert(ddp::first_write_store<sim_store>);
 
 }  // namespace sim

@@ -50,15 +50,18 @@ struct heal_plan {
 
 /// Decides from `all` (the allgathered words, `member_report::words` per member in rank order)
 /// who is left out, and who holds the committed state: the members that completed the forming
-/// of generation `latest_formed` (the latest whose forming any member completed: only such a
-/// generation commits steps, and each of its commits holds every one of its members), are not
-/// part-way through a heal, and are at their highest step. `latest_formed` 0: nothing formed yet
+/// of generation `latest_formed` (the latest that may have committed a step: manager/quorum.hpp,
+/// latest_committing; each commit holds every one of its members) or of a later one,
+/// are not part-way through a heal, and are at their highest step. `latest_formed` 0: nothing formed yet
 /// (then nobody holds anything: see first_heal_plan). `step_limit`: the store's "step_limit".
 [[nodiscard]] inline heal_plan plan_heal(std::span<const std::int64_t> all, const std::vector<std::string>& members,
                                          std::int64_t latest_formed, std::int64_t step_limit) {
   const std::size_t n = members.size();
   const auto word = [&](std::size_t r, std::size_t k) { return all[r * member_report::words + k]; };
-  const auto holds = [&](std::size_t r) { return latest_formed == 0 || word(r, 1) == latest_formed; };
+  // A member that completed the forming of a later generation holds the same: that generation
+  // committed nothing (some member never finished forming it, so never voted), and it started
+  // from the state of `latest_formed`.
+  const auto holds = [&](std::size_t r) { return latest_formed == 0 || word(r, 1) >= latest_formed; };
   // The layout most members that hold the state share (of all members at a job's start); ties
   // go to the lowest rank. Replicas with another one are left out.
   std::size_t ref = 0, ref_votes = 0;
@@ -81,7 +84,7 @@ struct heal_plan {
                                                          std::to_string(word(r, 3)) + " state bytes) than replica " +
                                                          members[ref] + " (" + std::to_string(word(ref, 3)) + ")");
       ok[r] = false;
-    } else if (word(r, 1) < 0 || word(r, 1) > latest_formed || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
+    } else if (word(r, 1) < 0 || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
       plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " reported malformed words");
       ok[r] = false;
     }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/manager/decision.hpp>
 #include <ddp/manager/options.hpp>
 #include <ddp/manager/record.hpp>
 #include <ddp/store.hpp>
@@ -178,19 +179,28 @@ struct enrollment {
   return {target, std::move(base), joins_answered, std::move(m)};
 }
 
-/// The latest generation at or below `from` whose forming some member completed (its
-/// "g<k>/formed" record, written before any of its steps), or 0 if none did. Generations that
-/// closed but never formed (a member died while they formed) commit nothing and are skipped.
-[[nodiscard]] inline std::int64_t latest_formed(store_ref store, std::uint64_t from) {
+/// The latest generation at or below `from` that may have committed a step, or 0 if none did:
+/// one whose forming every member completed (each wrote its "g<k>/formed/<rank>" record before
+/// its first vote there; a commit needs every member's vote) and whose decision counter counts a
+/// commit (manager/decision.hpp: a member adds it before applying a step). Its members, and
+/// those of later generations (which started from its state and committed nothing), hold the
+/// latest committed state.
+[[nodiscard]] inline std::int64_t latest_committing(store_ref store, std::uint64_t from) {
   for (std::uint64_t k = from; k > 0; --k) {
-    if (store.get("g" + std::to_string(k) + "/formed")) return static_cast<std::int64_t>(k);
+    const std::string g = "g" + std::to_string(k) + "/";
+    const auto list = store.get(g + "members/closed");
+    if (!list) continue;
+    const std::size_t n = stores::detail::decode_members(to_text(*list)).size();
+    bool complete = n > 0;
+    for (std::size_t r = 0; r < n && complete; ++r) complete = store.get(g + "formed/" + std::to_string(r)).has_value();
+    if (complete && store.add(decision_key(k), 0) % decision_fence > 0) return static_cast<std::int64_t>(k);
   }
   return 0;
 }
 
-/// Records that this member completed the forming of generation `g` (see latest_formed).
-inline void record_formed(store_ref store, std::uint64_t g) {
-  store.set("g" + std::to_string(g) + "/formed", as_bytes(std::string_view("1")));
+/// Records that rank `rank` completed the forming of generation `g` (see latest_complete).
+inline void record_formed(store_ref store, std::uint64_t g, int rank) {
+  store.set("g" + std::to_string(g) + "/formed/" + std::to_string(rank), as_bytes(std::string_view("1")));
 }
 
 /// After `e` closed: the join requests its quorum answers, and, by its rank 0, the "current"

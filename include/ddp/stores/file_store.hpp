@@ -85,6 +85,21 @@ class file_store {
     write_atomically(name_of('v', key), detail::encode_frame(value), key, "store set");
   }
 
+  /// Stores `value` under `key` unless it has a value; returns the value it holds
+  /// (`first_write_store`): the complete file is written under a temporary name, then
+  /// hard-linked to the key's name, which fails if that name exists (atomic, never follows it).
+  store_value set_if_absent(std::string_view key, std::span<const std::byte> value) {
+    detail::check_key(key, "store set_if_absent");
+    detail::check_value_size(key, value.size(), opts_.max_value_bytes);
+    write_atomically(name_of('v', key), detail::encode_frame(value), key, "store set_if_absent", /*replace=*/false);
+    auto held = get(key);
+    if (!held) {
+      throw communication_error(-1, "store set_if_absent '" + std::string(key) + "'",
+                                "the key was removed while it was being read (" + where() + ")");
+    }
+    return std::move(*held);
+  }
+
   /// The value of `key`, or nothing. @throws communication_error for a malformed value
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "store get");
@@ -402,8 +417,9 @@ class file_store {
     return names;
   }
 
+  // replace false: the target keeps its entry if it has one (set_if_absent).
   void write_atomically(const std::string& target, const std::vector<std::byte>& bytes, std::string_view key,
-                        const std::string& op) const {
+                        const std::string& op, bool replace = true) const {
     // Unique per process, thread and attempt; O_EXCL catches the improbable collision (and never
     // follows a link).
     char unique[64];
@@ -440,6 +456,16 @@ class file_store {
       done += static_cast<std::size_t>(n);
     }
     if (::close(fd) != 0) throw abandon("cannot write " + temp);
+    if (!replace) {  // linkat fails on any entry with the name (a link included) and never follows it
+      const int linked = ::linkat(dir_fd(), temp.c_str(), dir_fd(), target.c_str(), 0);
+      const int err = errno;
+      ::unlinkat(dir_fd(), temp.c_str(), 0);
+      if (linked != 0 && err != EEXIST) {
+        errno = err;
+        throw os_error(op, "cannot link " + temp + " to " + target);
+      }
+      return;
+    }
     // rename replaces whatever entry has the name, a link included, and never follows it.
     if (::renameat(dir_fd(), temp.c_str(), dir_fd(), target.c_str()) != 0) {
       throw abandon("cannot rename into " + target);
@@ -520,6 +546,6 @@ class file_store {
   std::shared_ptr<const dir_handle> fd_;
 };
 
-static_assert(store<file_store>);
+static_assert(first_write_store<file_store>);
 
 }  // namespace ddp::stores

@@ -249,7 +249,8 @@ template <store S>
 }
 
 /// Like `enroll`, but any arrival may close the group, so a group whose first arrival left or
-/// died still forms; the Manager forms its quorums with it.
+/// died still forms; the Manager forms its quorums with it. Ids must name processes uniquely:
+/// an id that arrives again replaces its earlier arrival.
 ///
 /// Protocol, in the namespace it is given:
 /// 1. Each process takes an arrival number from `members/arrivals` and publishes its id under
@@ -257,13 +258,14 @@ template <store S>
 /// `max_members` here only closes at once: every id present then is admitted.
 /// 2. Every arrival polls the ids present (published, not marked `members/gone/<arrival>`). Once
 ///    they number `max_members`, or `min_members` and `settle` passed, and `opts.admissible`
-///    accepts them, it claims the close: `add("members/claim", 1) == 1`. Exactly one process
-///    wins the claim, whatever the timing; it writes the list to `members/closed`. Every process
-///    reads that one list, so one membership per namespace exists, ever.
+///    accepts them, it closes the group: with a `first_write_store`, by
+///    `set_if_absent("members/closed", list)` (the first list written is the list); otherwise
+///    it claims the close, `add("members/claim", 1) == 1`, and the one winner writes the list.
+///    Every process reads that one list, so one membership per namespace exists, ever.
 /// 3. An arrival that times out marks itself gone (a closer that has not read the mark yet may
 ///    still list it: then it is a member after all, if the list appeared meanwhile).
-/// A process that dies between winning the claim and writing the list (one store write) leaves
-/// the namespace unclosed: its group never forms (documented in fault-tolerance.md).
+/// Without `set_if_absent`, a process that dies between winning the claim and writing the list
+/// (one store write) leaves the namespace unclosed: its group never forms (fault-tolerance.md).
 /// @throws timeout_error if no group including this process formed in time; communication_error
 ///         if it formed without this process
 template <store S>
@@ -299,7 +301,15 @@ template <store S>
         }
         const auto v = s.get("members/" + std::to_string(i));
         if (!v || s.get("members/gone/" + std::to_string(i))) continue;  // not published yet, or left
-        present.push_back({i, detail::arrived_id(to_text(*v), i)});
+        detail::arrival a{i, detail::arrived_id(to_text(*v), i)};
+        // An id that arrived again (its process timed out and enrolled anew, or restarted) keeps
+        // only its latest arrival: listing the old one too would give one process two ranks.
+        const auto same = std::find_if(present.begin(), present.end(), [&](const auto& p) { return p.id == a.id; });
+        if (same != present.end()) {
+          *same = std::move(a);
+        } else {
+          present.push_back(std::move(a));
+        }
       }
       if (!scanned) continue;  // the top of the loop times out
       std::vector<std::string> ids;
@@ -315,8 +325,15 @@ template <store S>
         meter.members(n, opts.expected.empty() ? opts.min_members : static_cast<int>(opts.expected.size()));
       }
       if (ok && (n >= opts.max_members || now - enough_since >= opts.settle)) {
+        std::stable_sort(present.begin(), present.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+        if constexpr (requires { s.set_if_absent(std::string_view(), std::span<const std::byte>()); }) {
+          if (ddp::detail::has_set_if_absent(s)) {  // the first list written is the list: one operation
+            const store_value closed = s.set_if_absent("members/closed", as_bytes(detail::encode_members(present)));
+            meter.finish();
+            return result(closed);
+          }
+        }
         if (s.add("members/claim", 1) == 1) {  // the one closer of this namespace
-          std::stable_sort(present.begin(), present.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
           s.set("members/closed", as_bytes(detail::encode_members(present)));
           meter.finish();
           continue;

@@ -39,6 +39,16 @@ class memory_store {
     cv_.notify_all();
   }
 
+  /// Stores `value` under `key` unless it has a value; returns the value it holds (`first_write_store`).
+  store_value set_if_absent(std::string_view key, std::span<const std::byte> value) {
+    detail::check_key(key, "memory_store set_if_absent");
+    detail::check_value_size(key, value.size(), limit_);
+    std::lock_guard lk(m_);
+    const auto [it, fresh] = values_.try_emplace(std::string(key), value.begin(), value.end());
+    if (fresh) cv_.notify_all();
+    return it->second;
+  }
+
   /// The value of `key`, or nothing if it is not set. Never blocks.
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "memory_store get");
@@ -104,6 +114,6 @@ class memory_store {
   std::map<std::string, std::int64_t> counters_;
 };
 
-static_assert(store<memory_store>);
+static_assert(first_write_store<memory_store>);
 
 }  // namespace ddp::stores

@@ -47,6 +47,15 @@ class prefix_store {
   }
   /// Adds to the counter `prefix + key`.
   std::int64_t add(std::string_view key, std::int64_t delta) { return inner_->add(full(key), delta); }
+  /// True if the inner store can `set_if_absent`.
+  [[nodiscard]] bool has_set_if_absent() const noexcept { return ddp::detail::has_set_if_absent(*inner_); }
+  /// The inner store's `set_if_absent` of `prefix + key` (`first_write_store`).
+  /// @throws usage_error if it has none
+  store_value set_if_absent(std::string_view key, std::span<const std::byte> value) requires first_write_store<S> ||
+      requires(S& s) {
+    s.has_set_if_absent();
+  }
+  { return inner_->set_if_absent(full(key), value); }
   /// Erases under `this prefix + prefix`: `erase_prefix("")` empties this view.
   std::size_t erase_prefix(std::string_view prefix) { return inner_->erase_prefix(prefix_ + std::string(prefix)); }
 

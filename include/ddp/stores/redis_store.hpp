@@ -295,6 +295,23 @@ class redis_store {
     expect(r, REDIS_REPLY_STATUS, "store set '" + std::string(key) + "'");
   }
 
+  /// Stores `value` under `key` unless it has a value (SETNX); returns the value it holds
+  /// (`first_write_store`). A value, once set, is only ever replaced by `set`, which the callers
+  /// of this never use on the same key.
+  store_value set_if_absent(std::string_view key, std::span<const std::byte> value) {
+    detail::check_key(key, "store set_if_absent");
+    detail::check_value_size(key, value.size(), opts_.max_value_bytes);
+    const std::string op = "store set_if_absent '" + std::string(key) + "'";
+    const auto framed = detail::encode_frame(value);
+    reply r = command(op, {"SETNX", "v:" + std::string(key),
+                           std::string_view(reinterpret_cast<const char*>(framed.data()), framed.size())});
+    expect(r, REDIS_REPLY_INTEGER, op);
+    if (r->integer == 1) return store_value(value.begin(), value.end());
+    auto held = get(key);
+    if (!held) throw communication_error(-1, op, "the key was removed while it was being read (" + where() + ")");
+    return std::move(*held);
+  }
+
   /// The value of `key`, or nothing. @throws communication_error for a malformed value
   [[nodiscard]] std::optional<store_value> get(std::string_view key) {
     detail::check_key(key, "store get");
@@ -553,6 +570,6 @@ class redis_store {
   std::unique_ptr<redisContext, context_deleter> ctx_;
 };
 
-static_assert(store<redis_store>);
+static_assert(first_write_store<redis_store>);
 
 }  // namespace ddp::stores
