@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -21,6 +22,7 @@
 #include <ddp/manager.hpp>
 #include <ddp/partition.hpp>
 #include <ddp/stores/memory_store.hpp>
+#include <ddp/timeline.hpp>
 
 #include "../common/replicas.hpp"
 
@@ -81,6 +83,7 @@ struct replica_result {
   std::vector<double> params, anchor, momentum;
   std::int64_t step = 0, cursor = 0;
   int inner_steps_taken = 0;
+  int exchanges = 0;  // "outer exchange" spans on its timeline
   std::map<std::int64_t, contribution> commits;
   std::vector<std::string> events;
   std::map<std::uint64_t, std::vector<std::string>> quorums;
@@ -154,6 +157,8 @@ struct cluster {
     });
     ddp::fault_tolerant_diloco<> outer(m, state, {ddp::view(p)},
                                        {.sync_every = inner_steps, .outer = outer_opt, .reuse_outer_gradients = reuse});
+    ddp::timeline::recorder rec;
+    outer.set_recorder(&rec);
     try {
       while (m.step() < steps || static_cast<int>(m.members().size()) < want_members) {
         if (m.step() > steps + 2000) throw std::runtime_error("the quorum never grew back to its expected size");
@@ -188,6 +193,7 @@ struct cluster {
     out.momentum.assign(static_cast<const double*>(st[1].data), static_cast<const double*>(st[1].data) + dim);
     out.step = m.step();
     out.cursor = sampler.cursor();
+    for (const auto& e : rec.events()) out.exchanges += std::string_view(e.name) == "outer exchange" ? 1 : 0;
   }
 };
 
@@ -313,7 +319,10 @@ TEST_CASE("fault_tolerant_diloco: fault-free over 3 replicas equals the serial r
   const scenario sc{.replicas = 3, .steps = 5};
   const auto results = run(sc);
   const auto steps = check(results, sc, 3);
-  for (const auto& r : results) CHECK(r.inner_steps_taken == inner_steps * 5);
+  for (const auto& r : results) {
+    CHECK(r.inner_steps_taken == inner_steps * 5);
+    CHECK(r.exchanges == 5);  // one exchange per outer step, on the timeline
+  }
 }
 
 TEST_CASE("fault_tolerant_diloco: a replica dies before, during or after an outer step; a replacement heals",

@@ -3,6 +3,7 @@
 // conditions docs/local-steps.md states, and compressed exchanges leave every replica the same bits.
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -10,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <ddp/local.hpp>
 #include <ddp/local_steps.hpp>
+#include <ddp/timeline.hpp>
 
 #include "../common/ranks.hpp"
 #include "local_steps_cases.hpp"
@@ -301,5 +303,47 @@ TEST_CASE("streaming_diloco::flush merges the exchanges in flight, the same bits
       CHECK(got[r].after[5] == got[0].after[5]);                                       // bias: global
     }
     CHECK(got[1].before[5] != got[0].before[5]);  // it was local before
+  }
+}
+
+TEST_CASE("local steps on the timeline: each exchange is a span on track local_steps", "[local][diloco][timeline]") {
+  const auto count = [](const ddp::timeline::recorder& rec, const char* name, int track) {
+    int n = 0;
+    for (const auto& e : rec.events()) {
+      n +=
+          std::string_view(e.name) == name && std::string_view(e.track.name) == "local_steps" && e.track.index == track;
+    }
+    return n;
+  };
+  const auto spans = per_rank(2, [&](ddp::communicator_ref c) {
+    std::vector<int> out;
+    model<float> m = initial<float>(c.rank(), data_kind::general);
+    ddp::timeline::recorder rec(c.rank());
+    const auto train = [&](auto& sync, long steps) {
+      for (long t = 1; t <= steps; ++t) {
+        sgd(m, gradient(m, data<float>(c.rank(), t, data_kind::general)), 0.05f);
+        sync.step();
+      }
+    };
+    ddp::local_sgd l(c, m.views(), {.sync_every = 4});
+    l.set_recorder(&rec);
+    train(l, 12);  // 3 averages
+    out.push_back(count(rec, "parameter average", 0));
+    ddp::diloco d(c, m.views(), {.sync_every = 4});
+    d.set_recorder(&rec);
+    train(d, 8);  // 2 outer steps
+    out.push_back(count(rec, "outer exchange", 0));
+    ddp::streaming_diloco s(c, m.views(), {.sync_every = 6, .fragments = 3, .delay = 1});
+    s.set_recorder(&rec);
+    train(s, 12);  // fragments 0 and 1 merge at steps 2, 8 and 4, 10; fragment 2 at 6, 12
+    for (int f = 0; f < 3; ++f) out.push_back(count(rec, "outer exchange", f));
+    return out;
+  });
+  for (const auto& r : spans) {
+    CHECK(r[0] == 3);
+    CHECK(r[1] == 2);
+    CHECK(r[2] == 2 + 2);  // diloco's two, on the same track, and fragment 0's two
+    CHECK(r[3] == 2);
+    CHECK(r[4] == 2);
   }
 }

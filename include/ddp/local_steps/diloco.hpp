@@ -65,6 +65,9 @@ class diloco {
   /// The outer optimizer.
   [[nodiscard]] const O& outer() const noexcept { return fragment_->outer(); }
 
+  /// Records each outer exchange as a span in `rec` (track "local_steps 0"; null: stop).
+  void set_recorder(timeline::recorder* rec) noexcept { fragment_->set_recorder(rec, 0); }
+
  private:
   int sync_every_;
   std::int64_t steps_ = 0;

@@ -129,6 +129,9 @@ class fault_tolerant_diloco {
   [[nodiscard]] std::vector<tensor_view> state() { return fragment_->state(); }
   /// The outer optimizer.
   [[nodiscard]] const O& outer() const noexcept { return fragment_->outer(); }
+  /// Records each outer exchange as a span in `rec` (track "local_steps 0"; null: stop); the
+  /// Manager's own `set_recorder` records the quorum, healing and the votes.
+  void set_recorder(timeline::recorder* rec) noexcept { fragment_->set_recorder(rec, 0); }
   /// Replicas whose outer gradients the current outer step averages (set by `begin()`, and by
   /// each retry in `end()`).
   [[nodiscard]] int contributors() const noexcept { return contributors_; }

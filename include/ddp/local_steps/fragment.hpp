@@ -19,6 +19,7 @@
 #include <ddp/local_steps/outer_exchange.hpp>
 #include <ddp/local_steps/outer_sgd.hpp>
 #include <ddp/tensor.hpp>
+#include <ddp/timeline.hpp>
 
 namespace ddp::detail {
 
@@ -69,6 +70,7 @@ class outer_fragment {
       throw usage_error(comm.rank(), std::string(caller) + " outer optimizer " + e.operation(), e.message());
     }
     grads_ = grads;
+    for (const tensor_view& g : grads_) bytes_ += g.bytes();
     exchange_.emplace(comm, std::move(grads), wire, caller);
   }
   outer_fragment(const outer_fragment&) = delete;  // its views point into its own buffers
@@ -102,6 +104,7 @@ class outer_fragment {
       });
     }
     exchange_->start(divisor);
+    if (rec_ && rec_->enabled()) sent_at_ = clock::now();
   }
 
   /// Drives the exchange forward.
@@ -115,8 +118,21 @@ class outer_fragment {
     apply(alpha);
   }
 
-  /// Completes the exchange: the outer gradients hold their average.
-  void wait() { exchange_->finish(); }
+  /// Completes the exchange: the outer gradients hold their average. Recorded as an "outer
+  /// exchange" span on track "local_steps <index>" (from `start()` to now) when a recorder is set.
+  void wait() {
+    exchange_->finish();
+    if (rec_ && rec_->enabled()) {
+      rec_->span({"local_steps", index_}, "outer exchange", sent_at_, clock::now(),
+                 {{"bytes", static_cast<double>(bytes_)}});
+    }
+  }
+
+  /// Records the exchanges in `rec` (null: stop), on track "local_steps <index>".
+  void set_recorder(timeline::recorder* rec, int index) noexcept {
+    rec_ = rec;
+    index_ = index;
+  }
 
   /// Steps the anchor by the averaged outer gradient and merges it into the parameters with
   /// weight `alpha`: `(1 - alpha) * local + alpha * global` (alpha 1: a copy of the global ones).
@@ -168,6 +184,10 @@ class outer_fragment {
   std::vector<tensor_view> anchor_;
   std::vector<tensor_view> grads_;
   std::optional<outer_exchange> exchange_;
+  timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
+  int index_ = 0;
+  std::size_t bytes_ = 0;  // of the outer gradients, as a span's argument
+  clock::time_point sent_at_{};
 };
 
 }  // namespace ddp::detail

@@ -11,6 +11,7 @@
 #include <ddp/communicator.hpp>
 #include <ddp/local_steps/fragment.hpp>
 #include <ddp/tensor.hpp>
+#include <ddp/timeline.hpp>
 
 namespace ddp {
 
@@ -38,9 +39,13 @@ class local_sgd {
   bool step() {
     ++steps_;
     if (steps_ % options_.sync_every != 0) return false;
+    timeline::scoped_span span(rec_, {"local_steps", 0}, "parameter average");
     allreduce_average(comm_, params_, comm_.size(), average_input::raw, "local_sgd").wait();
     return true;
   }
+
+  /// Records each average of the parameters as a span in `rec` (track "local_steps 0"; null: stop).
+  void set_recorder(timeline::recorder* rec) noexcept { rec_ = rec; }
 
   /// Inner steps counted so far.
   [[nodiscard]] std::int64_t inner_steps() const noexcept { return steps_; }
@@ -50,6 +55,7 @@ class local_sgd {
   std::vector<tensor_view> params_;
   local_sgd_options options_;
   std::int64_t steps_ = 0;
+  timeline::recorder* rec_ = nullptr;  // optional (set_recorder)
 };
 
 }  // namespace ddp

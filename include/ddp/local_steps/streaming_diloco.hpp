@@ -137,6 +137,12 @@ class streaming_diloco {
   /// Inner steps counted so far.
   [[nodiscard]] std::int64_t inner_steps() const noexcept { return steps_; }
 
+  /// Records each fragment's outer exchange as a span in `rec` (track "local_steps <fragment>",
+  /// from its send to its merge; null: stop).
+  void set_recorder(timeline::recorder* rec) noexcept {
+    for (std::size_t f = 0; f < fragments_.size(); ++f) fragments_[f].set_recorder(rec, static_cast<int>(f));
+  }
+
   /// Number of fragments.
   [[nodiscard]] std::size_t fragments() const noexcept { return fragments_.size(); }
 
