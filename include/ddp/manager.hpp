@@ -12,8 +12,8 @@
 /// Files. This header is the public class; its knobs, events, counters and error are in
 /// manager/options.hpp. The protocol behind it: forming a quorum in the store
 /// (manager/quorum.hpp, over the records of manager/record.hpp), what the members of a new quorum
-/// exchange and decide (manager/exchange.hpp), and healing, the transfer of the state
-/// (manager/heal.hpp).
+/// exchange and decide (manager/exchange.hpp), who contributes gradients (manager/participation.hpp)
+/// and healing, the transfer of the state (manager/heal.hpp).
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +41,7 @@
 #include <ddp/manager/exchange.hpp>
 #include <ddp/manager/heal.hpp>
 #include <ddp/manager/options.hpp>
+#include <ddp/manager/participation.hpp>
 #include <ddp/manager/quorum.hpp>
 #include <ddp/manager/record.hpp>
 #include <ddp/progress.hpp>
@@ -74,6 +75,12 @@ class Manager {
         opts_(std::move(options)) {
     stores::detail::check_key(opts_.replica_id, "Manager replica_id");
     if (opts_.min_replicas < 1) throw usage_error(-1, "Manager", "min_replicas must be at least 1");
+    if (opts_.active_replicas < 0 || (opts_.active_replicas > 0 && opts_.active_replicas < opts_.min_replicas)) {
+      throw usage_error(-1, "Manager",
+                        "active_replicas (" + std::to_string(opts_.active_replicas) +
+                            ") must be 0 (every member) or at least min_replicas (" +
+                            std::to_string(opts_.min_replicas) + "): no step could commit");
+    }
   }
 
   Manager(const Manager&) = delete;
@@ -158,7 +165,7 @@ class Manager {
   [[nodiscard]] ddp::comm_hook comm_hook() {
     return [this](grad_bucket& b) -> work {
       const tensor_view data = b.data;
-      if (!participating_ && data.count) std::memset(data.data, 0, data.bytes());
+      if (!participating() && data.count) std::memset(data.data, 0, data.bytes());
       return allreduce_average(*this, data, std::max(participants_, 1), average_input::raw, "Manager comm hook");
     };
   }
@@ -235,9 +242,12 @@ class Manager {
   [[nodiscard]] const std::vector<std::string>& members() const noexcept { return members_; }
   /// Members whose gradients count in this step.
   [[nodiscard]] int participants() const noexcept { return participants_; }
-  /// False if this replica received state when the current quorum formed and
-  /// `healed_replicas_participate` is false: its gradients then count as zeros.
-  [[nodiscard]] bool participating() const noexcept { return participating_; }
+  /// This member's index among the participants (`data::global_batch_sampler` splits the global
+  /// batch by it), or -1 when its gradients count as zeros: a hot spare (`active_replicas`), or
+  /// it received the state when the quorum formed and `healed_replicas_participate` is false.
+  [[nodiscard]] int participant_rank() const noexcept { return participant_rank_; }
+  /// True unless `participant_rank()` is -1.
+  [[nodiscard]] bool participating() const noexcept { return participant_rank_ >= 0; }
   /// True once an error was captured in this step.
   [[nodiscard]] bool failed() const {
     std::lock_guard lk(error_mutex_);
@@ -399,8 +409,7 @@ class Manager {
                 std::to_string(opts_.min_replicas) +
                 " replicas, a majority of them members of the previous quorum); last problem: " + last_problem);
       }
-      if (comm_) comm_.abort();
-      comm_ = any_communicator();
+      drop_communicator();
       try {
         if (try_form_quorum(deadline)) {
           span.set("generation", static_cast<double>(generation_));
@@ -408,18 +417,21 @@ class Manager {
           return;
         }
       } catch (const detail::state_placement_error&) {  // the same on every attempt: fail now
-        if (comm_) comm_.abort();
-        comm_ = any_communicator();
+        drop_communicator();
         throw;
       } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
         if (refused_) {                // this replica's layout or step is wrong: retrying cannot help
-          if (comm_) comm_.abort();
-          comm_ = any_communicator();
+          drop_communicator();
           std::rethrow_exception(refused_);
         }
         last_problem = e.what();
       }
     }
+  }
+
+  void drop_communicator() noexcept {
+    if (comm_) comm_.abort();
+    comm_ = any_communicator();
   }
 
   // One attempt at the next generation (manager/quorum.hpp). Returns true once formed (and healed).
@@ -468,7 +480,8 @@ class Manager {
   // before any step.
   void exchange_and_heal() {
     const auto n = static_cast<std::size_t>(size_);
-    const detail::member_report report{step_, formed_, layout_fingerprint_, state().tensor_bytes(), needs_heal_};
+    const detail::member_report report{
+        step_, formed_, layout_fingerprint_, state().tensor_bytes(), needs_heal_, detail::participation_rules(opts_)};
     std::vector<std::int64_t> mine = report.encode();
     std::vector<std::int64_t> all(detail::member_report::words * n);
     comm_.allgather(view(mine), view(all)).wait();
@@ -483,31 +496,21 @@ class Manager {
       // Nobody here holds the committed state. Before any step committed, any member's state may
       // start the job; after, waiting for a holder is the only safe course.
       if (formed > 0) {
-        std::string here;
-        for (std::size_t r = 0; r < n; ++r) {
-          const std::int64_t* w = all.data() + r * detail::member_report::words;
-          here += (r ? ", " : "") + members_[r] + " (formed " + std::to_string(w[1]) + ", step " +
-                  std::to_string(w[0]) + (w[4] ? ", healing" : "") + ")";
-        }
         throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
                                   "no member holds the committed state (none of the members of generation " +
-                                      std::to_string(formed) + ", the latest that committed, is here: " + here +
-                                      "); waiting for one");
+                                      std::to_string(formed) + ", the latest that committed, is here: " +
+                                      detail::describe_reports(all, members_) + "); waiting for one");
       }
       plan = detail::first_heal_plan(all);
     }
     const std::vector<int>& sources = plan.sources;
     const bool i_recover = std::find(sources.begin(), sources.end(), rank_) == sources.end();
     const bool anyone_recovers = sources.size() < n;
-    participants_ = size_;
-    participating_ = true;
-    if (anyone_recovers) {
-      heal(sources, plan.step, i_recover);
-      if (!opts_.healed_replicas_participate) {
-        participants_ = static_cast<int>(sources.size());
-        participating_ = !i_recover;
-      }
-    }
+    if (anyone_recovers) heal(sources, plan.step, i_recover);
+    const detail::participation p =
+        detail::assign_participation(n, sources, opts_.healed_replicas_participate, opts_.active_replicas);
+    participants_ = p.participants;
+    participant_rank_ = p.slot[static_cast<std::size_t>(rank_)];
     formed_ = static_cast<std::int64_t>(generation_);
     needs_heal_ = false;  // every member holds the sources' bits now (the hash check, or none was needed)
     detail::record_formed(store_, generation_, rank_);  // before this member's first vote in the generation
@@ -571,7 +574,7 @@ class Manager {
   std::int64_t step_limit_ = 0;        // rank 0: "step_limit" as last raised (steps below it may commit)
   std::exception_ptr refused_;         // this replica was left out of quorums for good (refuse())
   int participants_ = 1;
-  bool participating_ = true;
+  int participant_rank_ = 0;  // -1: contributes zeros (participation.hpp)
   bool needs_quorum_ = true;
   std::uint64_t signalled_after_ = 0;  // generation this replica asked to join
   bool join_requested_ = false;

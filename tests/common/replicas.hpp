@@ -67,17 +67,19 @@ inline ddp::manager_options scenario_options() {
 /// Runs `replicas` replicas "r0", "r1", ... (replica r with `faults[r]`, if any) and, 150 ms
 /// later, the `joiners`, each on its own thread of `Cluster(collective_timeout)`:
 /// `run_replica(id, fault, steps, want, result, stall)`, where `want` is the quorum size the
-/// replicas train until (those that do not crash, plus the joiners). Returns each one's result,
-/// the joiners' last.
+/// replicas train until (those that do not crash, plus the joiners). `configure`, if set, is
+/// called on the cluster before any replica starts. Returns each one's result, the joiners' last.
 template <class Cluster, class Result>
 std::vector<Result> run_scenario(int replicas, std::int64_t steps, const std::map<int, fault>& faults,
                                  const std::vector<std::string>& joiners, std::chrono::milliseconds stall,
-                                 std::chrono::milliseconds collective_timeout) {
+                                 std::chrono::milliseconds collective_timeout,
+                                 const std::function<void(Cluster&)>& configure = {}) {
   using namespace std::chrono_literals;
   int crashing = 0;
   for (const auto& entry : faults) crashing += entry.second.where != fault_point::stall ? 1 : 0;
   const int want = replicas - crashing + static_cast<int>(joiners.size());
   Cluster c(collective_timeout);
+  if (configure) configure(c);
   std::vector<Result> results(static_cast<std::size_t>(replicas) + joiners.size());
   std::vector<std::thread> threads;
   for (int r = 0; r < replicas; ++r) {

@@ -276,6 +276,8 @@ int main(int argc, char** argv) {
       exchange(4, 1024, {report{9, 4, 77, 4096, false}, report{9, 4, 77, 4096, false}, report{0, 0, 77, 4096, false}}));
   write("manager_exchange", "layout-differs",
         exchange(4, 1024, {report{3, 4, 77, 4096, false}, report{3, 4, 78, 4096, false}}));
+  write("manager_exchange", "rules-differ",
+        exchange(4, 1024, {report{3, 4, 77, 4096, false, 1}, report{3, 4, 77, 4096, false, 5}}));
   write("manager_exchange", "ahead-of-limit",
         exchange(4, 10, {report{11, 4, 77, 4096, false}, report{3, 4, 77, 4096, false}}));
   write("manager_exchange", "part-healed",

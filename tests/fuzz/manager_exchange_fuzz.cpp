@@ -7,8 +7,8 @@
 // Properties: no crash or UB for any words; a refused member is a member, and a refusal leaves
 // nothing else decided; otherwise every source is a member of the previous quorum that is up to
 // date, at the plan's step, which no other such member exceeds and which is within the step
-// limit, and every member shares the sources' layout and state size; refusal_for gives each
-// rank an error; the first-heal plan names one member.
+// limit, and every member shares the sources' layout, state size and participation rules;
+// refusal_for gives each rank an error; the first-heal plan names one member.
 
 #include <array>
 #include <cstddef>
@@ -70,6 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     for (std::size_t r = 0; r < n; ++r) {
       FUZZ_CHECK(word(r, 2) == word(0, 2) && word(r, 3) == word(0, 3));  // nobody refused: one layout
+      FUZZ_CHECK(word(r, 5) == word(0, 5));                              // and one set of participation rules
       FUZZ_CHECK(word(r, 0) >= 0 && word(r, 1) >= 0 && (word(r, 4) == 0 || word(r, 4) == 1));
       if (holds(r) && word(r, 4) == 0) FUZZ_CHECK(word(r, 0) <= plan.step);
     }

@@ -381,8 +381,9 @@ TEST_CASE("Manager: a replica reporting an impossible step is named and left out
   }
 }
 
-TEST_CASE("Manager: a replica with another layout is told so and left out; the others go on",
-          "[local][manager][split]") {
+// Replica "x", started with `h` once 3 replicas train, is refused with an error containing
+// `told`; the others go on.
+void check_refused_joiner(const run_hooks& h, const std::string& told) {
   for (int run = 0; run < runs; ++run) {
     INFO("run " << run);
     job j;
@@ -394,8 +395,6 @@ TEST_CASE("Manager: a replica with another layout is told so and left out; the o
     for (int r = 0; r < 3; ++r) ts.emplace_back([&, r] { j.run("r" + std::to_string(r), done); });
     j.wait_for_step(2);
     ts.emplace_back([&] {
-      job::hooks h;
-      h.layout_salt = 1;
       j.run("x", done, h);
       x_out = true;
     });
@@ -404,9 +403,26 @@ TEST_CASE("Manager: a replica with another layout is told so and left out; the o
     j.check_invariants();
     CHECK(j.max_step.load() >= 9);
     REQUIRE(j.errors.count("x") == 1);
-    CHECK(j.errors["x"].find("replica x registered a different gradient layout") != std::string::npos);
+    CHECK(j.errors["x"].find(told) != std::string::npos);
     CHECK(j.errors.size() == 1);
   }
+}
+
+TEST_CASE("Manager: a replica with another layout is told so and left out; the others go on",
+          "[local][manager][split]") {
+  run_hooks h;
+  h.layout_salt = 1;
+  check_refused_joiner(h, "replica x registered a different gradient layout");
+}
+
+// Members that disagree on who contributes would divide by different counts.
+TEST_CASE("Manager: a replica with other participation rules is told so and left out; the others go on",
+          "[local][manager][split][spares]") {
+  run_hooks h;
+  h.options = [](ddp::manager_options& o) { o.active_replicas = 2; };
+  check_refused_joiner(h,
+                       "replica x runs with active_replicas = 2, healed_replicas_participate = true, replica r0 "
+                       "with active_replicas = 0");
 }
 
 TEST_CASE("enroll_any: a group whose first arrival left still closes, without it", "[local][manager][store]") {

@@ -137,26 +137,25 @@ class global_batch_sampler {
 
   /// Micro-batches of the next global batch for replica `rank` of `size` participating replicas.
   [[nodiscard]] item_range share(int rank, int size) const { return contiguous_share(micro_batches(), size, rank); }
-  /// The same for a Manager (or any communicator): its rank and size in the current quorum.
-  /// @throws usage_error if the group has members that do not participate in the step (a Manager
-  ///   with `healed_replicas_participate = false` while a replica heals): their gradients count as
-  ///   zeros, so their samples would be lost
+  /// The same for a Manager (or any communicator): the share of its participant rank among the
+  /// step's participants (a Manager's hot spares, and with `healed_replicas_participate = false`
+  /// the replicas healed in this step, contribute zeros: their share is empty), else of its rank
+  /// in the group.
   template <class Group>
   requires requires(const Group& g) {
     { g.rank() } -> std::convertible_to<int>;
     { g.size() } -> std::convertible_to<int>;
   }
   [[nodiscard]] item_range share(const Group& g) const {
-    if constexpr (requires { g.participants(); }) {
-      if (g.participants() != g.size()) {
-        throw usage_error(g.rank(), "global_batch_sampler::share",
-                          std::to_string(g.size() - g.participants()) +
-                              " member(s) of this quorum contribute zeros in this step (healed_replicas_participate = "
-                              "false); their samples would never be trained on. Keep the default (true) for "
-                              "exactly-once data");
-      }
+    if constexpr (requires {
+                    { g.participant_rank() } -> std::convertible_to<int>;
+                    { g.participants() } -> std::convertible_to<int>;
+                  }) {
+      if (g.participant_rank() < 0) return {};
+      return share(g.participant_rank(), g.participants());
+    } else {
+      return share(g.rank(), g.size());
     }
-    return share(g.rank(), g.size());
   }
   /// Sample ids of replica `rank`'s share, micro-batch after micro-batch.
   [[nodiscard]] std::vector<std::uint64_t> samples(int rank, int size) const {

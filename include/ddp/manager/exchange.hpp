@@ -1,11 +1,12 @@
 #pragma once
 /// @file manager/exchange.hpp
 /// @brief What the members of a new quorum tell each other before training (step, fresh, layout,
-/// state size, needs healing), and what they decide from it: who is left out (a layout or state
-/// size that differs, malformed words, an impossible step), who holds the committed state and at
-/// which step; and the store's bound on committed steps ("step_limit"). Pure functions of the
-/// gathered words, so that they can run without a Manager (ddp/manager.hpp). Not for users; the
-/// rules are in docs/fault-tolerance.md, "The quorum rule".
+/// state size, needs healing, participation rules), and what they decide from it: who is left
+/// out (a layout, state size or participation rules that differ, malformed words, an impossible
+/// step), who holds the committed state and at which step; and the store's bound on committed
+/// steps ("step_limit"). Pure functions of the gathered words, so that they can run without a
+/// Manager (ddp/manager.hpp). Not for users; the rules are in docs/fault-tolerance.md, "The quorum
+/// rule".
 
 #include <algorithm>
 #include <cstddef>
@@ -30,13 +31,20 @@ struct member_report {
   std::uint64_t layout = 0;                ///< its gradient layout's fingerprint (0: none set)
   std::size_t state_bytes = 0;             ///< bytes of its registered state tensors
   bool needs_heal = false;                 ///< it received part of a heal that has not passed its check
-  static constexpr std::size_t words = 5;  ///< int64 words per member in the exchange
+  std::int64_t rules = 0;                  ///< its participation rules (participation_rules())
+  static constexpr std::size_t words = 6;  ///< int64 words per member in the exchange
   /// The words it contributes to the allgather, in this order.
   [[nodiscard]] std::vector<std::int64_t> encode() const {
-    return {step, formed, static_cast<std::int64_t>(layout), static_cast<std::int64_t>(state_bytes),
-            needs_heal ? 1 : 0};
+    return {step, formed, static_cast<std::int64_t>(layout), static_cast<std::int64_t>(state_bytes), needs_heal ? 1 : 0,
+            rules};
   }
 };
+
+/// The options every member must share, or their divisors differ: `active_replicas` and
+/// `healed_replicas_participate`, as one word.
+[[nodiscard]] inline std::int64_t participation_rules(const manager_options& o) noexcept {
+  return std::int64_t{o.active_replicas} * 2 + (o.healed_replicas_participate ? 1 : 0);
+}
 
 /// A member left out of a quorum, and why.
 using refused_member = std::pair<int, std::string>;
@@ -84,6 +92,15 @@ struct heal_plan {
                                                          std::to_string(word(r, 3)) + " state bytes) than replica " +
                                                          members[ref] + " (" + std::to_string(word(ref, 3)) + ")");
       ok[r] = false;
+    } else if (word(r, 5) != word(ref, 5)) {
+      const auto rules = [&](std::size_t q) {
+        return "active_replicas = " + std::to_string(word(q, 5) / 2) +
+               ", healed_replicas_participate = " + (word(q, 5) % 2 != 0 ? "true" : "false");
+      };
+      plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " runs with " + rules(r) + ", replica " +
+                                                         members[ref] + " with " + rules(ref) +
+                                                         ": every replica must use the same (manager_options)");
+      ok[r] = false;
     } else if (word(r, 1) < 0 || word(r, 4) < 0 || word(r, 4) > 1 || word(r, 0) < 0) {
       plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " reported malformed words");
       ok[r] = false;
@@ -123,6 +140,18 @@ struct heal_plan {
   return plan;
 }
 
+/// The members' reports for an error message: "id (formed g, step s[, healing]), ...".
+[[nodiscard]] inline std::string describe_reports(std::span<const std::int64_t> all,
+                                                  const std::vector<std::string>& members) {
+  std::string out;
+  for (std::size_t r = 0; r < members.size(); ++r) {
+    const std::int64_t* w = all.data() + r * member_report::words;
+    out += (r ? ", " : "") + members[r] + " (formed " + std::to_string(w[1]) + ", step " + std::to_string(w[0]) +
+           (w[4] ? ", healing" : "") + ")";
+  }
+  return out;
+}
+
 /// Before any step committed, any member's state may start the job: the first member's that is
 /// not part-way through a heal (its state is its own), else rank 0's.
 [[nodiscard]] inline heal_plan first_heal_plan(std::span<const std::int64_t> all) {
@@ -137,7 +166,7 @@ struct heal_plan {
 }
 
 /// The error a member of quorum `generation` gets when `refused` (not empty) are left out: its
-/// own refusal if it is one of them (`mine`: a `usage_error` for a layout, a `manager_error` for
+/// own refusal if it is one of them (`mine`: a `usage_error` for a layout or options, a `manager_error` for
 /// the rest), kept for good, or a `communication_error` after which the others re-form without
 /// them.
 struct refusal {
@@ -150,8 +179,9 @@ struct refusal {
   for (const auto& entry : refused) {
     if (entry.first != rank) continue;
     const std::string& why = entry.second;
-    return {why.find("layout") != std::string::npos ? std::make_exception_ptr(usage_error(rank, op, why))
-                                                    : std::make_exception_ptr(manager_error(rank, op, why)),
+    const bool usage = why.find("layout") != std::string::npos || why.find("manager_options") != std::string::npos;
+    return {usage ? std::make_exception_ptr(usage_error(rank, op, why))
+                  : std::make_exception_ptr(manager_error(rank, op, why)),
             true};
   }
   return {std::make_exception_ptr(

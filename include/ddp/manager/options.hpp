@@ -41,6 +41,11 @@ struct manager_options {
   /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
   /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
   bool healed_replicas_participate = true;
+  /// Hot spares: at most this many members contribute gradients in a step (0: every member). The
+  /// others are spares: they take part in every collective with zeros and apply every committed
+  /// step, so they hold the state warm and take a dead member's place at the next quorum without
+  /// healing (docs/fault-tolerance.md, "Hot spares"). Every replica must use the same value.
+  int active_replicas = 0;
   /// Reports long operations: healing (bytes, rate, time left) and quorum rendezvous (who has
   /// not arrived). Default: lines on stderr from rank 0 for operations over 2 s (progress.hpp).
   progress_sink progress = print_progress();
