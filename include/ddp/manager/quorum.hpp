@@ -94,17 +94,20 @@ struct installed_generation {
   return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
 }
 
+/// Replica `id`'s latest join ticket (0 if it never asked, or the record is not a number).
+[[nodiscard]] inline std::int64_t ticket_of(store_ref store, const std::string& id) {
+  const auto v = store.get("join_ticket/" + id);
+  if (!v) return 0;
+  const std::string text = to_text(*v);
+  std::int64_t t = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
+  return ec == std::errc() && end == text.data() + text.size() ? t : 0;
+}
+
 /// The highest join ticket of `members` (0 if none asked): requests up to it include theirs.
 [[nodiscard]] inline std::int64_t latest_ticket(store_ref store, const std::vector<std::string>& members) {
   std::int64_t latest = 0;
-  for (const auto& id : members) {
-    const auto v = store.get("join_ticket/" + id);
-    if (!v) continue;
-    const std::string text = to_text(*v);
-    std::int64_t t = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
-    if (ec == std::errc() && end == text.data() + text.size()) latest = std::max(latest, t);
-  }
+  for (const auto& id : members) latest = std::max(latest, ticket_of(store, id));
   return latest;
 }
 
@@ -169,7 +172,13 @@ struct enrollment {
   for (const auto& id : base) {
     if (replica_alive(store, id, opts)) live.push_back(id);
   }
-  const int pending = hint.generation == base_gen ? pending_joins(joins_answered, hint.joins) : 1 << 20;
+  int pending = hint.generation == base_gen ? pending_joins(joins_answered, hint.joins) : 1 << 20;
+  // A member restarted under its id asked to join and has a fresh heartbeat: it is expected once,
+  // not twice (else the group never closes on arrival and waits out `settle`).
+  for (const auto& id : live) {
+    const std::int64_t t = ticket_of(store, id);
+    if (pending > 0 && pending < (1 << 20) && t > hint.joins && t <= joins_answered) --pending;
+  }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now_of(opts.time));
   const stores::group_options g = quorum_group(base, std::move(live), pending, opts, left);
   const std::uint64_t target = base_gen + 1;
