@@ -8,6 +8,9 @@
 //   ./fault_tolerant_training --store redis   a redis-server this program starts on loopback
 //   ./fault_tolerant_training --diloco H      DiLoCo: H local steps per outer step, and the outer
 //                                             steps are the Manager's (ddp::fault_tolerant_diloco)
+//   ./fault_tolerant_training --spares 1      one hot spare: two trainers contribute, the third
+//                                             applies every step warm and takes r1's place when it
+//                                             is killed, without healing (active_replicas)
 //
 // No mpirun: the program starts its trainers itself (`--trainer <id> ...`), like a job launcher.
 #include <arpa/inet.h>
@@ -54,12 +57,13 @@ struct config {
   std::string dir;
   int redis_port = 0;
   int diloco = 0;  // > 0: inner steps per outer step
+  int spares = 0;  // hot spares: manager_options::active_replicas = replicas - spares
 };
 
 // ---- one trainer process -------------------------------------------------------------------
 
 template <class Store>
-int train(const std::string& id, Store& store, int diloco) {
+int train(const std::string& id, Store& store, int diloco, int spares) {
   std::vector<float> w(dim, 0.0f), grad(dim, 0.0f), momentum(dim, 0.0f);
   for (std::size_t k = 0; k < dim; ++k) w[k] = static_cast<float>(std::hash<std::string>{}(id) % 7) * 0.01f;
   ddp::training_state state;
@@ -72,6 +76,7 @@ int train(const std::string& id, Store& store, int diloco) {
   opts.heartbeat_timeout = 1000ms;
   opts.settle = 300ms;
   opts.quorum_timeout = 60s;
+  opts.active_replicas = spares > 0 ? replicas - spares : 0;
   ddp::gloo::options gloo_opts;
   gloo_opts.timeout = 3s;
   gloo_opts.connect_timeout = 10s;
@@ -113,16 +118,26 @@ int train(const std::string& id, Store& store, int diloco) {
     }
   } else {
     ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+    // With spares: the Manager's hook zeroes a spare's buckets and divides by the contributors.
+    if (spares > 0) grads.register_comm_hook(m.comm_hook());
     grads.add(w, grad);
     grads.build();
     m.set_layout_fingerprint(grads.layout_fingerprint());
     while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
       m.start_quorum();
-      compute_gradient(static_cast<double>(m.step()));
-      std::this_thread::sleep_for(20ms);  // the rest of the forward and backward pass
+      if (m.participating()) {  // a hot spare skips the forward and backward passes
+        compute_gradient(static_cast<double>(m.step()));
+        std::this_thread::sleep_for(20ms);  // the rest of the forward and backward pass
+      }
       grads.mark_ready(0);
       grads.finalize();
+      const int contributors = m.participants();
       if (m.should_commit()) {
+        if (spares > 0 && contributors != replicas - spares) {  // a spare took the dead one's place
+          std::printf("%s: step %lld committed with %d contributors, not %d\n", id.c_str(),
+                      static_cast<long long>(m.step()), contributors, replicas - spares);
+          return 1;
+        }
         for (std::size_t k = 0; k < dim; ++k) {
           momentum[k] = 0.9f * momentum[k] + grad[k];
           w[k] -= 0.05f * momentum[k];
@@ -141,6 +156,7 @@ int train(const std::string& id, Store& store, int diloco) {
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
   store.set("result/" + id, ddp::as_bytes(text));
   const auto& st = m.stats();
+  store.set("heals/" + id, ddp::as_bytes(std::to_string(st.heals)));
   std::printf("%s: finished at step %lld: %llu quorums, %llu steps discarded, healed %llu times; parameters %s\n",
               id.c_str(), static_cast<long long>(m.step()), static_cast<unsigned long long>(st.quorums),
               static_cast<unsigned long long>(st.discarded), static_cast<unsigned long long>(st.heals), text);
@@ -170,9 +186,11 @@ int with_store(const config& c, F&& f) {
 pid_t spawn(const std::string& self, const std::string& id, const config& c) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const std::string port = std::to_string(c.redis_port), diloco = std::to_string(c.diloco);
+    const std::string port = std::to_string(c.redis_port), diloco = std::to_string(c.diloco),
+                      spares = std::to_string(c.spares);
     ::execl(self.c_str(), self.c_str(), "--trainer", id.c_str(), "--store", c.store.c_str(), "--dir", c.dir.c_str(),
-            "--port", port.c_str(), "--diloco", diloco.c_str(), static_cast<char*>(nullptr));
+            "--port", port.c_str(), "--diloco", diloco.c_str(), "--spares", spares.c_str(),
+            static_cast<char*>(nullptr));
     std::_Exit(127);
   }
   return pid;
@@ -269,9 +287,10 @@ int launch(const std::string& self, config c) {
     redis = started->first;
     c.redis_port = started->second;
   }
-  std::printf("launcher: %d trainers over gloo, %s store%s; r1 will be killed and restarted\n", replicas,
+  std::printf("launcher: %d trainers over gloo, %s store%s%s; r1 will be killed and restarted\n", replicas,
               c.store.c_str(),
-              c.diloco > 0 ? (", DiLoCo with " + std::to_string(c.diloco) + " inner steps").c_str() : "");
+              c.diloco > 0 ? (", DiLoCo with " + std::to_string(c.diloco) + " inner steps").c_str() : "",
+              c.spares > 0 ? (", " + std::to_string(c.spares) + " hot spare(s)").c_str() : "");
   std::fflush(stdout);
   std::map<std::string, pid_t> pids;
   for (int r = 0; r < replicas; ++r) pids["r" + std::to_string(r)] = spawn(self, "r" + std::to_string(r), c);
@@ -292,16 +311,25 @@ int launch(const std::string& self, config c) {
     ::waitpid(pid, &status, 0);
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  std::vector<std::string> results;
+  std::vector<std::string> results, heals;
   with_store(c, [&](auto& store) {
     for (int r = 0; r < replicas; ++r) {
       const auto v = store.get("result/r" + std::to_string(r));
       results.push_back(v ? ddp::to_text(*v) : "missing");
+      const auto h = store.get("heals/r" + std::to_string(r));
+      heals.push_back(h ? ddp::to_text(*h) : "missing");
     }
     return 0;
   });
   bool same = ok;
   for (const auto& r : results) same = same && r == results.front() && r != "missing";
+  if (c.spares > 0) {
+    // r0 started the job; r2, the spare, received the state once, at the start, never again.
+    const bool warm = heals[2] == "1";
+    std::printf("launcher: the spare r2 replaced r1 without healing (%s heal(s) in all): %s\n", heals[2].c_str(),
+                warm ? "yes" : "NO");
+    same = same && warm;
+  }
   std::printf("launcher: all %d replicas finished with identical parameters: %s\n", replicas, same ? "yes" : "NO");
   if (redis > 0) {
     ::kill(redis, SIGTERM);
@@ -324,10 +352,11 @@ int main(int argc, char** argv) {
     if (k == "--dir") c.dir = v;
     if (k == "--port") c.redis_port = std::atoi(v.c_str());
     if (k == "--diloco") c.diloco = std::atoi(v.c_str());
+    if (k == "--spares") c.spares = std::atoi(v.c_str());
   }
   try {
     if (trainer.empty()) return launch("/proc/self/exe", c);
-    return with_store(c, [&](auto& store) { return train(trainer, store, c.diloco); });
+    return with_store(c, [&](auto& store) { return train(trainer, store, c.diloco, c.spares); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", trainer.empty() ? "launcher" : trainer.c_str(), e.what());
     return 1;
