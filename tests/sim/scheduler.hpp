@@ -1,25 +1,29 @@
 #pragma once
 // The deterministic simulation's scheduler (docs/testing.md, "Deterministic simulation"): every
-// simulated process is a thread, but only one runs at a time. It runs until its next scheduling
-// point (a store operation, a collective, a sleep, a poll), then hands control back, and the
-// scheduler picks the next process with its seeded generator. Time is virtual: it moves only
-// when no process can run, to the earliest deadline one of them waits for. So one seed is one
-// interleaving and one timing, replayed exactly, and the protocol code under test is the
-// production code, given this scheduler as its `ddp::time_source`.
+// simulated process has its own stack and runs the production code, but only one runs at a time.
+// It runs until its next scheduling point (a store operation, a collective, a sleep, a poll),
+// then hands control back, and the scheduler picks the next process with its seeded generator.
+// Time is virtual: it moves only when no process can run, to the earliest deadline one of them
+// waits for. So one seed is one interleaving and one timing, replayed exactly, and the protocol
+// code under test is the production code, given this scheduler as its `ddp::time_source`.
+//
+// The processes are fibers on the scheduler's thread (fiber.hpp): a hand-off is a user-space
+// context switch, not two trips through the kernel's scheduler as with one thread per process.
+// A scheduler and its processes stay on the thread that created it; schedulers on different
+// threads (seeds run in parallel) share nothing.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ddp/time_source.hpp>
+
+#include "fiber.hpp"
 
 namespace sim {
 
@@ -33,16 +37,16 @@ struct killed {};
 class scheduler final : public ddp::time_source {
  public:
   explicit scheduler(std::uint64_t seed) : rng_(seed) {}
-  ~scheduler() override {
-    // Processes still running (a run that hit its limit) die now: they unwind at their next
-    // scheduling point, with time free to move.
+  ~scheduler() override { shutdown(); }
+
+  /// Processes still running (a run that hit its limit) die now: they unwind at their next
+  /// scheduling point, with time free to move. Whoever owns what they use (the store, the
+  /// network, the oracle they report to) calls this before destroying it.
+  void shutdown() {
     for (auto& p : procs_) {
       if (p->state != proc::done) p->kill = true;
     }
     run(clock::time_point::max());
-    for (auto& p : procs_) {
-      if (p->thread.joinable()) p->thread.join();
-    }
   }
 
   // ---- processes --------------------------------------------------------------------------
@@ -53,25 +57,13 @@ class scheduler final : public ddp::time_source {
     auto p = std::make_unique<proc>();
     p->name = std::move(name);
     p->id = static_cast<int>(procs_.size());
-    proc* raw = p.get();
+    p->owner = this;
+    p->body = std::move(body);
+    p->stack = detail::stack::take();
+    p->ctx.make(p->stack, &proc_main, p.get());
+    live_.push_back(p.get());
     procs_.push_back(std::move(p));
-    raw->thread = std::thread([this, raw, body = std::move(body)] {
-      {
-        std::unique_lock lk(mu_);
-        raw->cv.wait(lk, [&] { return running_ == raw->id; });
-      }
-      try {
-        if (!raw->kill) body();
-      } catch (const killed&) {
-      } catch (...) {
-        raw->error = std::current_exception();
-      }
-      std::lock_guard lk(mu_);
-      raw->state = proc::done;
-      running_ = -1;
-      driver_cv_.notify_one();
-    });
-    return raw->id;
+    return procs_.back()->id;
   }
 
   /// Process `id` dies at its next scheduling point (at once if it is waiting).
@@ -91,15 +83,15 @@ class scheduler final : public ddp::time_source {
   /// Runs processes until every one ended (true), or until virtual time reaches `limit` or no
   /// process can ever move again (false; `why()` says which).
   bool run(clock::time_point limit) {
+    std::vector<proc*>& runnable = runnable_;
     for (;;) {
-      std::vector<proc*> runnable;
+      runnable.clear();
       clock::time_point next = clock::time_point::max();
       bool any = false;
-      for (auto& p : procs_) {
-        if (p->state == proc::done) continue;
+      for (proc* p : live_) {  // in the order of their ids, as the draw below expects
         any = true;
-        if (p->state == proc::runnable || p->kill || (p->until && p->until()) || p->wake <= now_) {
-          runnable.push_back(p.get());
+        if (p->state == proc::runnable || p->kill || (p->until && (*p->until)()) || p->wake <= now_) {
+          runnable.push_back(p);
         } else {
           next = std::min(next, p->wake);
         }
@@ -119,17 +111,20 @@ class scheduler final : public ddp::time_source {
       }
       ++steps_;
       proc* p = runnable[std::uniform_int_distribution<std::size_t>(0, runnable.size() - 1)(rng_)];
-      std::unique_lock lk(mu_);
       running_ = p->id;
-      p->cv.notify_one();
-      driver_cv_.wait(lk, [&] { return running_ == -1; });
+      detail::context::jump(driver_, p->ctx);  // back when it reaches a scheduling point or ends
+      if (p->state == proc::done) {
+        p->body = nullptr;
+        p->stack.release();
+        live_.erase(std::find(live_.begin(), live_.end(), p));
+      }
     }
   }
   [[nodiscard]] const std::string& why() const noexcept { return why_; }
   /// Scheduling decisions taken so far.
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
-  // ---- on a process's thread ----------------------------------------------------------------
+  // ---- in a process --------------------------------------------------------------------------
 
   /// A point at which another process may run.
   void yield() { block(nullptr, now_); }
@@ -171,13 +166,29 @@ class scheduler final : public ddp::time_source {
     std::string name;
     int id = 0;
     state_t state = runnable;
-    std::function<bool()> until;  // what a blocked process waits for (may be null)
-    clock::time_point wake{};     // ... or until when
+    const std::function<bool()>* until = nullptr;  // what a blocked process waits for (may be null)
+    clock::time_point wake{};                      // ... or until when
     bool kill = false;
     std::exception_ptr error;
-    std::condition_variable cv;  // signalled when the scheduler picks this process
-    std::thread thread;
+    scheduler* owner = nullptr;
+    std::function<void()> body;
+    detail::stack stack;
+    detail::context ctx;  // where it resumes when the scheduler picks it
   };
+
+  // A process's first frame, on its own stack: runs the body, then hands control back for good.
+  static void proc_main(void* arg) {
+    proc& p = *static_cast<proc*>(arg);
+    try {
+      if (!p.kill) p.body();
+    } catch (const killed&) {
+    } catch (...) {
+      p.error = std::current_exception();
+    }
+    p.state = proc::done;
+    p.owner->running_ = -1;
+    detail::context::leave(p.ctx, p.owner->driver_);  // never resumed: its stack is released
+  }
 
   static clock::time_point epoch() { return clock::time_point(std::chrono::hours(1)); }
 
@@ -185,14 +196,10 @@ class scheduler final : public ddp::time_source {
   void block(const std::function<bool()>& ready, clock::time_point wake) {
     proc& me = *procs_.at(static_cast<std::size_t>(running_));
     me.state = ready || wake > now_ ? proc::blocked : proc::runnable;
-    me.until = ready;
+    me.until = ready ? &ready : nullptr;  // lives on this process's stack while it waits
     me.wake = wake;
-    {
-      std::unique_lock lk(mu_);
-      running_ = -1;
-      driver_cv_.notify_one();
-      me.cv.wait(lk, [&] { return running_ == me.id; });
-    }
+    running_ = -1;
+    detail::context::jump(me.ctx, driver_);
     me.state = proc::runnable;
     me.until = nullptr;
     // At every scheduling point from now on: code that catches everything (the Manager captures
@@ -204,8 +211,9 @@ class scheduler final : public ddp::time_source {
   std::mt19937_64 rng_;
   clock::time_point now_ = epoch();
   std::vector<std::unique_ptr<proc>> procs_;
-  std::mutex mu_;
-  std::condition_variable driver_cv_;  // signalled when the running process hands control back
+  std::vector<proc*> live_;  // the processes not done, in the order of their ids
+  detail::context driver_;   // where the driver resumes when a process hands control back
+  std::vector<proc*> runnable_;
   int running_ = -1;
   std::string why_;
   std::uint64_t steps_ = 0;

@@ -106,8 +106,7 @@ class fabric {
 /// One rank's side of a simulated group: models `ddp::communicator`.
 class fabric::endpoint {
  public:
-  endpoint(fabric& f, std::string group, int rank, int size)
-      : f_(&f), group_(std::move(group)), rank_(rank), size_(size) {}
+  endpoint(fabric& f, group& g, int rank, int size) : f_(&f), g_(&g), rank_(rank), size_(size) {}
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
@@ -127,7 +126,7 @@ class fabric::endpoint {
   }
   ddp::work barrier() { return post("barrier", {}, {}, ddp::reduce_op::sum, -1); }
   void abort() noexcept {
-    group& g = f_->groups_.at(group_);
+    group& g = *g_;
     if (g.aborted) return;
     g.aborted = true;
     g.aborted_at = f_->s_.now();
@@ -137,12 +136,12 @@ class fabric::endpoint {
  private:
   class sim_work final : public ddp::work_state {
    public:
-    sim_work(ddp::op_info info, fabric& f, std::string group, std::uint64_t pos, int rank,
-             std::vector<ddp::tensor_view> outputs)
+    // `g` and `o` are nodes of std::maps that never erase: they stay where they are.
+    sim_work(ddp::op_info info, fabric& f, group& g, op& o, int rank, std::vector<ddp::tensor_view> outputs)
         : work_state(info),
           f_(f),
-          group_(std::move(group)),
-          pos_(pos),
+          g_(g),
+          o_(o),
           rank_(rank),
           outputs_(std::move(outputs)),
           deadline_(f.s_.now() + f.faults_.timeout) {}
@@ -150,7 +149,15 @@ class fabric::endpoint {
     bool poll() override {
       f_.s_.yield();
       if (settled()) return finish();
-      if (f_.s_.now() >= deadline_) return false;
+      // Past its deadline a collective has timed out, as a backend that enforces its timeout
+      // says. (Returning "not yet" forever let work::wait_all, whose deadline is on the machine's
+      // clock, spin without virtual time moving until a real second had passed: a seed's
+      // schedule then depended on how fast the machine ran, and such seeds cost a second each.)
+      if (f_.s_.now() >= deadline_) {
+        throw ddp::timeout_error(
+            rank_, info().describe(),
+            "did not complete within its " + std::to_string(f_.faults_.timeout.count()) + " ms timeout (virtual time)");
+      }
       f_.s_.sleep_until(f_.s_.now() + std::chrono::microseconds(200));  // polling takes time
       return settled() && finish();
     }
@@ -166,13 +173,13 @@ class fabric::endpoint {
     void abandon() noexcept override { abandoned_ = true; }
 
    private:
-    [[nodiscard]] const op& the_op() const { return f_.groups_.at(group_).ops.at(pos_); }
+    [[nodiscard]] const op& the_op() const { return o_; }
     [[nodiscard]] bool delivered() const {
       const op& o = the_op();
       return o.complete && f_.s_.now() >= o.deliver_at[static_cast<std::size_t>(rank_)];
     }
     [[nodiscard]] bool failed() const {
-      const group& g = f_.groups_.at(group_);
+      const group& g = g_;
       if (!the_op().mismatch.empty()) return true;
       if (!g.aborted) return false;
       const op& o = the_op();
@@ -181,7 +188,7 @@ class fabric::endpoint {
     [[nodiscard]] bool settled() const { return failed() || delivered(); }
     bool finish() {
       if (failed()) {
-        const group& g = f_.groups_.at(group_);
+        const group& g = g_;
         const std::string why = !the_op().mismatch.empty() ? the_op().mismatch : g.abort_reason;
         throw ddp::communication_error(rank_, info().describe(), "peer gone: " + why);
       }
@@ -196,8 +203,8 @@ class fabric::endpoint {
     }
 
     fabric& f_;
-    std::string group_;
-    std::uint64_t pos_;
+    const group& g_;
+    const op& o_;
     int rank_;
     std::vector<ddp::tensor_view> outputs_;
     clock::time_point deadline_;
@@ -207,7 +214,7 @@ class fabric::endpoint {
   ddp::work post(const char* kind, std::span<const ddp::tensor_view> in, std::span<const ddp::tensor_view> out,
                  ddp::reduce_op reduce, int root) {
     f_->s_.yield();  // issuing a collective is a scheduling point
-    group& g = f_->groups_.at(group_);
+    group& g = *g_;
     const std::uint64_t pos = g.next[static_cast<std::size_t>(rank_)]++;
     op& o = g.ops[pos];
     std::vector<std::byte> bytes;
@@ -237,12 +244,12 @@ class fabric::endpoint {
     info.root = root;
     info.op = reduce;
     info.timeout = f_->faults_.timeout;
-    return ddp::work(std::make_unique<sim_work>(info, *f_, group_, pos, rank_,
-                                                std::vector<ddp::tensor_view>(out.begin(), out.end())));
+    return ddp::work(
+        std::make_unique<sim_work>(info, *f_, g, o, rank_, std::vector<ddp::tensor_view>(out.begin(), out.end())));
   }
 
   fabric* f_;
-  std::string group_;
+  group* g_;  // a node of groups_, which never erases
   int rank_;
   int size_;
 };
@@ -256,7 +263,7 @@ inline fabric::endpoint fabric::connect(const std::string& name, int rank, int s
   }
   if (g.size != size) throw ddp::usage_error(rank, "sim::fabric", "group " + name + " joined with another size");
   g.tags[static_cast<std::size_t>(rank)] = tag;
-  return endpoint(*this, name, rank, size);
+  return endpoint(*this, g, rank, size);
 }
 
 static_assert(ddp::communicator<fabric::endpoint>);
