@@ -65,7 +65,8 @@ class Manager {
   /// @param factory  builds the communicator for each quorum
   /// @param state    what a recovering replica receives (must outlive the Manager)
   /// @param options  the protocol's knobs; `replica_id` must be set
-  /// @throws usage_error if `replica_id` is not a valid key or `min_replicas` is below 1
+  /// @throws usage_error if `replica_id` is not a valid key, the options are inconsistent, or the
+  ///   store has no `set_if_absent`
   template <store Store, transferable_state State>
   Manager(Store& store, communicator_factory factory, State& state, manager_options options)
       : store_(store),
@@ -74,13 +75,7 @@ class Manager {
         scalars_([&state] { return std::span<std::int64_t>(state.state_scalars()); }),
         opts_(std::move(options)) {
     stores::detail::check_key(opts_.replica_id, "Manager replica_id");
-    if (opts_.min_replicas < 1) throw usage_error(-1, "Manager", "min_replicas must be at least 1");
-    if (opts_.active_replicas < 0 || (opts_.active_replicas > 0 && opts_.active_replicas < opts_.min_replicas)) {
-      throw usage_error(-1, "Manager",
-                        "active_replicas (" + std::to_string(opts_.active_replicas) +
-                            ") must be 0 (every member) or at least min_replicas (" +
-                            std::to_string(opts_.min_replicas) + "): no step could commit");
-    }
+    detail::check_options(opts_, store_.has_set_if_absent());
   }
 
   Manager(const Manager&) = delete;
@@ -146,8 +141,11 @@ class Manager {
     }
     ++stats_.discarded;
     needs_quorum_ = true;
-    emit(manager_event::kind::discarded, "step " + std::to_string(step_) + " discarded: " +
-                                             (vote[0] ? describe_error() : "fewer than min_replicas participants"));
+    emit(manager_event::kind::discarded,
+         "step " + std::to_string(step_) + " discarded: " +
+             (vote[0]                              ? describe_error()
+              : participants_ < opts_.min_replicas ? "fewer than min_replicas participants"
+                                                   : "the store's decision: a member's failed vote came first"));
     if (++consecutive_failures_ > opts_.max_consecutive_failures) {
       throw manager_error(
           rank_, "Manager::should_commit",
@@ -358,10 +356,9 @@ class Manager {
   }
 
   // This member's part in the commit decision of the step (manager/decision.hpp). When it cannot
-  // tell (the store failed, or its answer is ambiguous), it does not apply the step and reports
-  // "needs healing" until it receives the state from a member that holds it.
+  // tell (the store failed), it does not apply the step and reports "needs healing" until it
+  // receives the state from a member that holds it.
   bool decide(bool vote_failed) {
-    const std::int64_t expected = (step_ - generation_start_) * size_;
     detail::commit_decision d = detail::commit_decision::unknown;
     // A store that fails is tried again until quorum_timeout: without it no quorum forms anyway,
     // and giving up makes this member one that needs healing (the last holder of the state, it
@@ -370,7 +367,7 @@ class Manager {
     stores::detail::backoff pause(std::chrono::milliseconds(50));
     for (;;) {
       try {
-        d = detail::register_decision(store_, generation_, vote_failed, expected, size_);
+        d = detail::decide_step(store_, generation_, step_, generation_start_, vote_failed, rank_);
         break;
       } catch (const ddp::error&) {
         if (now() >= deadline) break;
@@ -513,7 +510,7 @@ class Manager {
     participant_rank_ = p.slot[static_cast<std::size_t>(rank_)];
     formed_ = static_cast<std::int64_t>(generation_);
     needs_heal_ = false;  // every member holds the sources' bits now (the hash check, or none was needed)
-    detail::record_formed(store_, generation_, rank_);  // before this member's first vote in the generation
+    detail::record_formed(store_, generation_, rank_, step_);  // before this member's first vote in the generation
   }
 
   // Moves the state of `max_step` from `sources` to the members behind (manager/heal.hpp).

@@ -225,7 +225,16 @@ class job {
     oracle_.log(id, "started");
     try {
       while (!stop_) {
-        m.start_quorum();
+        try {
+          m.start_quorum();
+        } catch (const ddp::manager_error& e) {
+          // A trainer whose quorum timed out ends (and restarts without its state), unless it alone
+          // holds the latest committed step: then it keeps its state and tries again, as the
+          // supervisor never kills that replica (the protocol's liveness needs one holder).
+          if (another_holder_alive(r)) throw;
+          oracle_.log(id, std::string("tries again: ") + e.what());
+          continue;
+        }
         const std::int64_t s = m.step();
         for (std::size_t k = 0; k < dim; ++k) g[k] = p[k] - static_cast<double>((r * 7 + s) % 5);
         sched_.sleep_until(sched_.now() + std::chrono::milliseconds(sched_.uniform(1, 8)));  // compute

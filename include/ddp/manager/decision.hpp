@@ -1,10 +1,10 @@
 #pragma once
 /// @file manager/decision.hpp
 /// @brief How the members of a quorum agree whether a step committed when the commit vote (an
-/// allreduce) completed on some of them and failed on others: one counter per generation in the
-/// store, to which every member whose vote completed adds 1 before applying the step, and every
-/// member whose vote failed adds a fence. Whoever came first decides. Not for users; the
-/// protocol and why it is safe: docs/fault-tolerance.md ("The commit decision").
+/// allreduce) completed on some of them and failed on others: one record per step in the store,
+/// "commit" from a member whose vote completed, "abort" from one whose vote failed, and the first
+/// write wins (`set_if_absent`). Not for users; the protocol and why it is safe:
+/// docs/fault-tolerance.md ("The commit decision").
 
 #include <cstdint>
 #include <string>
@@ -13,46 +13,50 @@
 
 namespace ddp::detail {
 
-/// What one member learns from its operation on the generation's decision counter.
+/// What one member learns from the step's decision record.
 enum class commit_decision : unsigned char {
   commit,   ///< the step committed: apply it
   abort,    ///< it did not, on any member
-  unknown,  ///< it may have: do not apply it, and receive the state from a member that holds it
+  unknown,  ///< the store could not be reached: do not apply it, receive the state from a holder
 };
 
-/// A fence's weight in the counter: commits count below it, fences above it.
-inline constexpr std::int64_t decision_fence = std::int64_t{1} << 40;
+/// Steps per block of decision records: rank 0 erases a generation's block b-2 once its steps
+/// reach block b (every member decides within a step of the others), except the block of the
+/// generation's first step, which tells later quorums whether it committed (latest_committing).
+inline constexpr std::int64_t decision_block_steps = 1024;
 
-/// Generation `g`'s decision counter.
-[[nodiscard]] inline std::string decision_key(std::uint64_t g) { return "g" + std::to_string(g) + "/decided"; }
-
-/// The decision a counter value implies. `v`: what this member's add returned; `fenced`: it added
-/// a fence (its vote failed), else 1 (its vote completed with every member's yes); `expected`:
-/// the commits of the generation's earlier steps (every member committed each of them, or the
-/// generation would have ended); `members`: the generation's size. The step commits iff a commit
-/// was added before the first fence. A count no member of this step could have left (the counter
-/// was erased: this member is generations behind) tells nothing.
-[[nodiscard]] constexpr commit_decision decide_commit(std::int64_t v, bool fenced, std::int64_t expected,
-                                                      std::int64_t members) noexcept {
-  const std::int64_t fences = v / decision_fence;
-  const std::int64_t commits = v % decision_fence - expected;  // commits of this step, this one's included
-  if (v < 0 || commits < 0 || commits > members || fences > members) return commit_decision::unknown;
-  if (fenced) {
-    if (commits == 0) return commit_decision::abort;  // no commit before this fence, so none before the first
-    if (fences == 1) return commit_decision::commit;  // this is the first fence, and a commit came before it
-    return commit_decision::unknown;                  // a commit before this fence, maybe after the first
-  }
-  if (commits == 0) return commit_decision::unknown;  // its own commit is missing: not this generation's count
-  if (fences == 0) return commit_decision::commit;    // no fence before this commit
-  if (commits == 1) return commit_decision::abort;    // the first commit, after a fence
-  return commit_decision::unknown;                    // an earlier commit, before or after the first fence
+/// The folder of generation `g`'s decision records of block `block`.
+[[nodiscard]] inline std::string decision_block(std::uint64_t g, std::int64_t block) {
+  return "g" + std::to_string(g) + "/decided/" + std::to_string(block) + "/";
 }
 
-/// Adds this member's commit (`fenced` false) or fence to generation `g`'s counter and returns
-/// the decision it implies (see decide_commit). @throws ddp::error if the store fails
-[[nodiscard]] inline commit_decision register_decision(store_ref store, std::uint64_t g, bool fenced,
-                                                       std::int64_t expected, std::int64_t members) {
-  return decide_commit(store.add(decision_key(g), fenced ? decision_fence : 1), fenced, expected, members);
+/// Generation `g`'s decision record of `step`.
+[[nodiscard]] inline std::string decision_record(std::uint64_t g, std::int64_t step) {
+  return decision_block(g, step / decision_block_steps) + std::to_string(step);
+}
+
+/// Proposes `mine` ("commit" or "abort") as the decision on `step` of generation `g` and returns
+/// the decision that stands: the first proposal written. @throws ddp::error if the store fails
+[[nodiscard]] inline commit_decision propose_decision(store_ref store, std::uint64_t g, std::int64_t step,
+                                                      bool commit) {
+  const std::string v =
+      to_text(store.set_if_absent(decision_record(g, step), as_bytes(std::string(commit ? "commit" : "abort"))));
+  return v == "commit" ? commit_decision::commit : v == "abort" ? commit_decision::abort : commit_decision::unknown;
+}
+
+/// This member's decision on `step` of generation `g`, whose first step was `first_step`;
+/// `vote_failed`: it voted yes but its vote did not complete. Idempotent, so a member retries it
+/// after a store error. Rank 0 erases records two blocks old.
+/// @throws ddp::error if the store fails
+[[nodiscard]] inline commit_decision decide_step(store_ref store, std::uint64_t g, std::int64_t step,
+                                                 std::int64_t first_step, bool vote_failed, int rank) {
+  const commit_decision d = propose_decision(store, g, step, !vote_failed);
+  const std::int64_t block = step / decision_block_steps;
+  if (rank == 0 && d == commit_decision::commit && step % decision_block_steps == 0 &&
+      block - 2 > first_step / decision_block_steps) {
+    (void)store.erase_prefix(decision_block(g, block - 2));
+  }
+  return d;
 }
 
 }  // namespace ddp::detail

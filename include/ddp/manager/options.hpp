@@ -88,6 +88,24 @@ struct manager_stats {
   double heal_ms = 0;              ///< time spent in the last healing transfer
 };
 
+namespace detail {
+/// A Manager's options and store, checked. @throws usage_error naming what is wrong
+inline void check_options(const manager_options& o, bool first_write_store) {
+  if (o.min_replicas < 1) throw usage_error(-1, "Manager", "min_replicas must be at least 1");
+  if (o.active_replicas < 0 || (o.active_replicas > 0 && o.active_replicas < o.min_replicas)) {
+    throw usage_error(-1, "Manager",
+                      "active_replicas (" + std::to_string(o.active_replicas) +
+                          ") must be 0 (every member) or at least min_replicas (" + std::to_string(o.min_replicas) +
+                          "): no step could commit");
+  }
+  if (!first_write_store) {
+    throw usage_error(-1, "Manager",
+                      "the store must write a key only if it has none (set_if_absent: ddp::first_write_store); the "
+                      "commit decision and the quorum's membership rely on it");
+  }
+}
+}  // namespace detail
+
 /// Quorum could not be formed in time, or too many steps failed in a row.
 class manager_error : public communication_error {
  public:

@@ -10,6 +10,7 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -92,6 +93,13 @@ struct installed_generation {
   for (const auto& b : base) in += std::find(ids.begin(), ids.end(), b) != ids.end() ? 1 : 0;
   if (2 * in != base.size()) return 2 * in > base.size();
   return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
+}
+
+/// A non-negative decimal step, or -1.
+[[nodiscard]] inline std::int64_t parse_step(std::string_view text) noexcept {
+  std::int64_t v = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  return ec == std::errc() && end == text.data() + text.size() && v >= 0 ? v : -1;
 }
 
 /// Replica `id`'s latest join ticket (0 if it never asked, or the record is not a number).
@@ -188,12 +196,13 @@ struct enrollment {
   return {target, std::move(base), joins_answered, std::move(m)};
 }
 
-/// The latest generation at or below `from` that may have committed a step, or 0 if none did:
-/// one whose forming every member completed (each wrote its "g<k>/formed/<rank>" record before
-/// its first vote there; a commit needs every member's vote) and whose decision counter counts a
-/// commit (manager/decision.hpp: a member adds it before applying a step). Its members, and
-/// those of later generations (which started from its state and committed nothing), hold the
-/// latest committed state.
+/// The latest generation at or below `from` that committed a step, or 0 if none did: one whose
+/// forming every member completed (each wrote its "g<k>/formed/<rank>" record, holding the
+/// generation's first step, before its first vote there; a commit needs every member's vote) and
+/// whose first step committed (manager/decision.hpp). This reader settles that step: it proposes
+/// "abort" itself, so a member that has not decided yet (cut off from the store) can no longer
+/// commit it after this quorum went on without it. Its members, and those of later generations
+/// (which started from its state and committed nothing), hold the latest committed state.
 [[nodiscard]] inline std::int64_t latest_committing(store_ref store, std::uint64_t from) {
   for (std::uint64_t k = from; k > 0; --k) {
     const std::string g = "g" + std::to_string(k) + "/";
@@ -201,15 +210,23 @@ struct enrollment {
     if (!list) continue;
     const std::size_t n = stores::detail::decode_members(to_text(*list)).size();
     bool complete = n > 0;
-    for (std::size_t r = 0; r < n && complete; ++r) complete = store.get(g + "formed/" + std::to_string(r)).has_value();
-    if (complete && store.add(decision_key(k), 0) % decision_fence > 0) return static_cast<std::int64_t>(k);
+    std::optional<store_value> first_step;  // rank 0's formed record: the generation's first step
+    for (std::size_t r = 0; r < n && complete; ++r) {
+      auto formed = store.get(g + "formed/" + std::to_string(r));
+      complete = formed.has_value();
+      if (r == 0) first_step = std::move(formed);
+    }
+    if (!complete) continue;
+    const std::int64_t s0 = first_step ? parse_step(to_text(*first_step)) : -1;
+    if (s0 < 0 || propose_decision(store, k, s0, false) != commit_decision::abort) return static_cast<std::int64_t>(k);
   }
   return 0;
 }
 
-/// Records that rank `rank` completed the forming of generation `g` (see latest_complete).
-inline void record_formed(store_ref store, std::uint64_t g, int rank) {
-  store.set("g" + std::to_string(g) + "/formed/" + std::to_string(rank), as_bytes(std::string_view("1")));
+/// Records that rank `rank` completed the forming of generation `g`, whose first step is `step`
+/// (see latest_committing).
+inline void record_formed(store_ref store, std::uint64_t g, int rank, std::int64_t step) {
+  store.set("g" + std::to_string(g) + "/formed/" + std::to_string(rank), as_bytes(std::to_string(step)));
 }
 
 /// After `e` closed: the join requests its quorum answers, and, by its rank 0, the "current"
