@@ -68,6 +68,7 @@ struct trainer_setup {
   int min_replicas = 2;
   std::chrono::milliseconds quorum_timeout = 15s;
   std::function<void(int)> on_broadcast{};  ///< runs before every broadcast of the Manager's communicator
+  int active_replicas = 0;  ///< hot spares (manager_options::active_replicas); each commit records its participant rank
 };
 
 /// One trainer process over `store` (the Manager's). Waits until the job committed `start_after`
@@ -94,6 +95,7 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
   opts.quorum_timeout = setup.quorum_timeout;
   opts.heal_chunk_bytes = 128;
   opts.progress = {};
+  opts.active_replicas = setup.active_replicas;
   ddp::Manager m(
       store,
       [&](const ddp::quorum_info& q) {
@@ -108,6 +110,7 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
     records.set("q/" + std::to_string(m.generation()) + "/" + id, ddp::as_bytes(members));
   });
   ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+  if (setup.active_replicas > 0) grads.register_comm_hook(m.comm_hook());  // spares count as zeros
   grads.add(p, g);
   grads.build();
   m.set_layout_fingerprint(grads.layout_fingerprint());
@@ -129,6 +132,11 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
     std::string members;
     for (const auto& x : m.members()) members += x + ",";
     records.set("c/" + std::to_string(s) + "/" + id, ddp::as_bytes(members + " " + std::to_string(h)));
+    if (setup.active_replicas > 0) {  // who contributed, and this replica's heals so far
+      records.set("p/" + std::to_string(s) + "/" + id,
+                  ddp::as_bytes(std::to_string(m.participant_rank()) + " " + std::to_string(m.participants()) + " " +
+                                std::to_string(m.stats().heals)));
+    }
     const auto seen = records.add("progress", 0);
     if (m.step() > seen) records.add("progress", m.step() - seen);  // a lower bound is all waiters need
     if (done(m.step(), m.members())) return;

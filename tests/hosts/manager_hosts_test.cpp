@@ -124,8 +124,9 @@ ddp::stores::redis_store connect_store() {
   }
 }
 
-gloo_test::trainer_setup setup_for(const std::filesystem::path& records) {
+gloo_test::trainer_setup setup_for(const std::filesystem::path& records, int active_replicas = 0) {
   gloo_test::trainer_setup s{.records = records, .min_replicas = 2, .quorum_timeout = 30s};
+  s.active_replicas = active_replicas;
   s.gloo.interface = env("DDP_HOSTS_IFNAME");  // each host's own address, not loopback
   return s;
 }
@@ -135,13 +136,13 @@ gloo_test::trainer_setup setup_for(const std::filesystem::path& records) {
 // until `done`. Reports how many times it restarted.
 void resilient_replica(const std::string& host, const std::string& id, const std::filesystem::path& records,
                        const std::function<bool(std::int64_t, const std::vector<std::string>&)>& done,
-                       const gloo_test::reporter& out) {
+                       const gloo_test::reporter& out, int active_replicas = 0) {
   enter_host(host);
   const auto deadline = std::chrono::steady_clock::now() + 90s;
   for (int restarts = 0;; ++restarts) {
     try {
       auto store = connect_store();
-      gloo_test::train(store, setup_for(records), id, 0, done);
+      gloo_test::train(store, setup_for(records, active_replicas), id, 0, done);
       out.set("restarts", std::to_string(restarts));
       return;
     } catch (const ddp::error& e) {
@@ -253,4 +254,76 @@ TEST_CASE("Manager across hosts: a host's processes killed, its replica restarte
   CHECK(outs[1].value("restarts") == "0");
   gloo_test::check_records(records.path(), ids, end_at + 5, 200);
   CHECK(last_commit(records.path(), "r2", progress(records.path()) + 1) >= end_at - 1);
+}
+
+// Hot spares across hosts: 3 replicas, 2 contribute. The host of a contributing replica is
+// killed; the spare takes its place without receiving state (every committed step has 2
+// contributors), and the restarted replica heals and becomes the spare.
+TEST_CASE("Manager across hosts: a hot spare replaces a killed host's replica without healing",
+          "[hosts][manager][spares]") {
+  temp_dir records("hosts-manager-spare");
+  redis_on_h1 redis;
+  const std::vector<std::string> ids{"r1", "r2", "r3"};
+  constexpr std::int64_t kill_at = 10, end_at = 45;
+  const auto done = [&](std::int64_t s, const std::vector<std::string>& members) {
+    return s >= end_at && members.size() == 3;
+  };
+  std::vector<std::optional<gloo_test::process_group>> hosts(3);
+  const auto start = [&](int h) {  // host h+1's replica, as a process of its own
+    hosts[static_cast<std::size_t>(h)].emplace(1, [&, h](int, const gloo_test::reporter& out) {
+      resilient_replica("h" + std::to_string(h + 1), ids[static_cast<std::size_t>(h)], records.path(), done, out, 2);
+    });
+  };
+  for (int h = 0; h < 3; ++h) start(h);
+  REQUIRE(wait_progress(records.path(), kill_at, 60s));
+  // The spare of a step every replica recorded already, and a contributor to kill.
+  ddp::stores::file_store r(records.path());
+  int spare = -1;
+  for (std::int64_t seen = progress(records.path()); seen >= 0 && spare < 0; --seen) {
+    int recorded = 0, found = -1;
+    for (int h = 0; h < 3; ++h) {
+      const std::string v =
+          gloo_test::text_of(r.get("p/" + std::to_string(seen) + "/" + ids[static_cast<std::size_t>(h)]));
+      recorded += v.empty() ? 0 : 1;
+      if (v.rfind("-1 ", 0) == 0) found = h;
+    }
+    if (recorded == 3) spare = found;
+  }
+  REQUIRE(spare >= 0);
+  const int victim = spare == 2 ? 1 : 2;  // a contributor, not h1 (it runs Redis)
+  hosts_tool("kill h" + std::to_string(victim + 1));
+  const auto killed = hosts[static_cast<std::size_t>(victim)]->wait_all(10s);
+  CHECK((!killed[0].exited && killed[0].signal == SIGKILL));
+  const std::int64_t at_kill = progress(records.path());
+  CHECK(wait_progress(records.path(), at_kill + 10, 45s));  // the two others go on, the spare contributing
+  start(victim);
+  std::string story;
+  for (int h = 0; h < 3; ++h) {
+    const auto outs = hosts[static_cast<std::size_t>(h)]->wait_all(90s);
+    story += "h" + std::to_string(h + 1) + ": " + gloo_test::describe_all(outs) + "\n";
+    for (const auto& o : outs) CHECK(o.ok());
+  }
+  INFO(story << "spare r" << spare + 1 << ", killed r" << victim + 1);
+  gloo_test::check_records(records.path(), ids, end_at + 5, 200);
+  // Every committed step had 2 contributors; the spare healed only at the start and contributed
+  // after the kill; the restarted replica healed.
+  const std::int64_t last = progress(records.path());
+  bool spare_contributed = false;
+  for (std::int64_t s = 0; s <= last; ++s) {
+    for (int h = 0; h < 3; ++h) {
+      const std::string v =
+          gloo_test::text_of(r.get("p/" + std::to_string(s) + "/" + ids[static_cast<std::size_t>(h)]));
+      if (v.empty()) continue;
+      int rank = 0, participants = 0, heals = 0;
+      REQUIRE(std::sscanf(v.c_str(), "%d %d %d", &rank, &participants, &heals) == 3);
+      INFO("step " << s << ", r" << h + 1 << ": " << v);
+      CHECK(participants == 2);
+      if (h == spare) {
+        CHECK(heals <= 1);
+        spare_contributed = spare_contributed || (s >= at_kill && rank >= 0);
+      }
+    }
+  }
+  CHECK(spare_contributed);
+  CHECK(last_commit(records.path(), ids[static_cast<std::size_t>(victim)], last + 1) >= end_at - 1);
 }
