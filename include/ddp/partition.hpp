@@ -9,6 +9,7 @@
 /// reproducible reduction (`ddp/reproducible/`) and the exactly-once sampler (`ddp/data/`) use
 /// it, so a rank's micro-batches and its samples always agree.
 
+#include <concepts>
 #include <cstddef>
 #include <string>
 
@@ -45,6 +46,26 @@ struct item_range {
   const std::size_t extra = items % p;
   const std::size_t first = k * base + (k < extra ? k : extra);
   return {first, first + base + (k < extra ? 1 : 0)};
+}
+
+/// The share of `items` that a member of `group` contributes in a step: by its participant rank
+/// among the participants when the group has them (a Manager: hot spares and replicas that count
+/// as zeros get nothing), else by its rank among the group's members.
+template <class Group>
+requires requires(const Group& g) {
+  { g.rank() } -> std::convertible_to<int>;
+  { g.size() } -> std::convertible_to<int>;
+}
+[[nodiscard]] item_range contributor_share(std::size_t items, const Group& group) {
+  if constexpr (requires {
+                  { group.participant_rank() } -> std::convertible_to<int>;
+                  { group.participants() } -> std::convertible_to<int>;
+                }) {
+    if (group.participant_rank() < 0) return {};
+    return contiguous_share(items, group.participants(), group.participant_rank());
+  } else {
+    return contiguous_share(items, group.size(), group.rank());
+  }
 }
 
 }  // namespace ddp

@@ -146,17 +146,7 @@ class global_batch_sampler {
     { g.rank() } -> std::convertible_to<int>;
     { g.size() } -> std::convertible_to<int>;
   }
-  [[nodiscard]] item_range share(const Group& g) const {
-    if constexpr (requires {
-                    { g.participant_rank() } -> std::convertible_to<int>;
-                    { g.participants() } -> std::convertible_to<int>;
-                  }) {
-      if (g.participant_rank() < 0) return {};
-      return share(g.participant_rank(), g.participants());
-    } else {
-      return share(g.rank(), g.size());
-    }
-  }
+  [[nodiscard]] item_range share(const Group& g) const { return contributor_share(micro_batches(), g); }
   /// Sample ids of replica `rank`'s share, micro-batch after micro-batch.
   [[nodiscard]] std::vector<std::uint64_t> samples(int rank, int size) const {
     std::vector<std::uint64_t> out;

@@ -81,20 +81,9 @@ class micro_batch_ledger {
     for (std::size_t j = 0; j < m_; ++j) {
       if (holders[j] == 0) missing.push_back(j);
     }
-    int part = group.rank(), parts = group.size();
-    if constexpr (requires {
-                    { group.participant_rank() } -> std::convertible_to<int>;
-                    { group.participants() } -> std::convertible_to<int>;
-                  }) {
-      part = group.participant_rank();
-      parts = group.participants();
-    }
-    todo_.clear();
-    if (part >= 0 && parts > 0) {
-      const item_range r = contiguous_share(missing.size(), parts, part);
-      todo_.assign(missing.begin() + static_cast<std::ptrdiff_t>(r.first),
-                   missing.begin() + static_cast<std::ptrdiff_t>(r.last));
-    }
+    const item_range r = contributor_share(missing.size(), group);
+    todo_.assign(missing.begin() + static_cast<std::ptrdiff_t>(r.first),
+                 missing.begin() + static_cast<std::ptrdiff_t>(r.last));
     return todo_;
   }
 

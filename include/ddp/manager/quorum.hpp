@@ -95,7 +95,7 @@ struct installed_generation {
   return std::find(ids.begin(), ids.end(), base.front()) != ids.end();
 }
 
-/// A non-negative decimal step, or -1.
+/// A non-negative decimal number (a step, a ticket), or -1.
 [[nodiscard]] inline std::int64_t parse_step(std::string_view text) noexcept {
   std::int64_t v = -1;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -105,11 +105,7 @@ struct installed_generation {
 /// Replica `id`'s latest join ticket (0 if it never asked, or the record is not a number).
 [[nodiscard]] inline std::int64_t ticket_of(store_ref store, const std::string& id) {
   const auto v = store.get("join_ticket/" + id);
-  if (!v) return 0;
-  const std::string text = to_text(*v);
-  std::int64_t t = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
-  return ec == std::errc() && end == text.data() + text.size() ? t : 0;
+  return v ? std::max<std::int64_t>(0, parse_step(to_text(*v))) : 0;
 }
 
 /// The highest join ticket of `members` (0 if none asked): requests up to it include theirs.
@@ -183,9 +179,9 @@ struct enrollment {
   int pending = hint.generation == base_gen ? pending_joins(joins_answered, hint.joins) : 1 << 20;
   // A member restarted under its id asked to join and has a fresh heartbeat: it is expected once,
   // not twice (else the group never closes on arrival and waits out `settle`).
-  for (const auto& id : live) {
-    const std::int64_t t = ticket_of(store, id);
-    if (pending > 0 && pending < (1 << 20) && t > hint.joins && t <= joins_answered) --pending;
+  for (std::size_t i = 0; i < live.size() && pending > 0 && pending < (1 << 20); ++i) {
+    const std::int64_t t = ticket_of(store, live[i]);
+    if (t > hint.joins && t <= joins_answered) --pending;
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now_of(opts.time));
   const stores::group_options g = quorum_group(base, std::move(live), pending, opts, left);
