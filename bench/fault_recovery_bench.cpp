@@ -90,12 +90,15 @@ std::vector<std::string> word_list(const std::string& text) {
 ddp::manager_options manager_options_for(const std::string& preset, int replicas) {
   ddp::manager_options o;
   o.min_replicas = std::max(1, replicas - 1);
-  if (preset == "tuned") {
+  // "+routes": heal over one communicator per source (manager_options::heal_over).
+  const std::string base = preset.ends_with("+routes") ? preset.substr(0, preset.size() - 7) : preset;
+  if (base != preset) o.heal_over = ddp::heal_transport::source_routes;
+  if (base == "tuned") {
     o.heartbeat_interval = 50ms;
     o.heartbeat_timeout = 1000ms;
     o.settle = 100ms;
-  } else if (preset != "default") {
-    throw std::invalid_argument("unknown preset " + preset + " (default, tuned)");
+  } else if (base != "default") {
+    throw std::invalid_argument("unknown preset " + preset + " (default, tuned, each with or without +routes)");
   }
   o.progress = {};  // no progress lines on stderr: the bench prints its own table
   return o;
@@ -172,6 +175,17 @@ int run_child(const bench::cli& a) {
                    static_cast<unsigned long long>(m.generation()), st.heals > heals_before ? 1 : 0,
                    static_cast<unsigned long long>(st.healed_bytes), st.heal_ms, static_cast<double>(t1 - t0) / 1e6);
       std::fflush(log);
+    }
+  }
+  // The yardstick of the heal's bandwidth: the same communicator's allreduce of the state's bytes
+  // (two steps more, every replica at once; the second is timed).
+  for (int k = 0; k < 2; ++k) {
+    m.start_quorum();
+    const std::int64_t t0 = now_ns();
+    m.allreduce(std::vector<ddp::tensor_view>{ddp::view(w)}, ddp::reduce_op::sum).wait();
+    const std::int64_t t1 = now_ns();
+    if (m.should_commit() && k == 1) {
+      std::fprintf(log, "a %.3f %d\n", static_cast<double>(t1 - t0) / 1e6, m.size());
     }
   }
   std::fclose(log);
@@ -267,6 +281,8 @@ struct log_rec {
   std::vector<commit_rec> commits;
   std::vector<event_rec> events;
   std::int64_t t_main = 0, t_ready = 0;
+  double allreduce_ms = 0;  // the state's bytes allreduced at the end
+  int allreduce_size = 0;
 };
 
 log_rec read_log(const std::string& path) {
@@ -290,6 +306,8 @@ log_rec read_log(const std::string& path) {
       if (!ls) continue;  // a torn last line (the process was killed while writing it)
       c.healed = healed != 0;
       r.commits.push_back(c);
+    } else if (type == 'a') {
+      ls >> r.allreduce_ms >> r.allreduce_size;
     } else if (type == 'e') {
       event_rec e;
       ls >> e.t >> e.kind >> e.step;
@@ -325,6 +343,7 @@ struct result {
   int reformed_size = 0;
   double ready_ms = -1, joined_ms = -1, heal_ms = 0, healed_ms = -1, full_ms = -1;
   std::uint64_t heal_bytes = 0;
+  double busbw_gbs = 0;  // the allreduce's bus bandwidth for the state's bytes (nccl-tests' busbw)
   int discarded = 0;
 };
 
@@ -450,6 +469,10 @@ result run_once(const config& c, std::mt19937_64& rng) {
   res.healed_ms = static_cast<double>(first.t - t_kill) / 1e6;
   res.heal_bytes = first.healed_bytes;
   res.heal_ms = first.heal_ms;
+  if (s.allreduce_ms > 0 && s.allreduce_size > 1) {
+    const double n = s.allreduce_size;
+    res.busbw_gbs = static_cast<double>(c.state_bytes) * 2 * (n - 1) / n / (s.allreduce_ms * 1e6);
+  }
   // Full speed: the first commit after the kill from which on every commit interval is within
   // factor x the median before the kill.
   std::size_t k0 = 0;  // r0's last commit before the kill
@@ -477,29 +500,29 @@ result run_once(const config& c, std::mt19937_64& rng) {
 
 int main(int argc, char** argv) {
   try {
-    bench::cli args(argc, argv,
-                    "Fault to full speed: kill a replica mid-step, restart it, time the recovery (issue #28)",
-                    {{"--replicas", "LIST", "replica counts (default 2,3)"},
-                     {"--state-mib", "LIST", "training state sizes, MiB (default 64,256)"},
-                     {"--presets", "LIST", "manager_options: default, tuned (default: default,tuned)"},
-                     {"--compute-ms", "N", "compute per step, a sleep (default 50)"},
-                     {"--grad-mib", "N", "gradient allreduced per step, MiB (default 4)"},
-                     {"--kill-step", "N", "kill after the victim committed this step (default 20)"},
-                     {"--after", "N", "steps to run after the restarted replica's first commit (default 30)"},
-                     {"--full-speed-factor", "X", "full speed: commit intervals at most X x the median before (1.3)"},
-                     {"--reps", "N", "runs per configuration (default 1)"},
-                     {"--seed", "N", "seed of the kill points (default 1)"},
-                     {"--on-hosts", "", "one replica per test host (under ddp-run --hosts N --hosts-only)"},
-                     {"--row-timeout", "S", "give up on a run after S seconds (default 180)"},
-                     {"--keep-logs", "", "keep each run's replica logs (the directory is printed)"},
-                     {"--child", "ID", "(internal) run replica ID"},
-                     {"--store-dir", "DIR", "(internal)"},
-                     {"--log", "FILE", "(internal)"},
-                     {"--preset", "NAME", "(internal)"},
-                     {"--state-bytes", "N", "(internal)"},
-                     {"--grad-bytes", "N", "(internal)"},
-                     {"--iface", "NAME", "(internal)"},
-                     {"--max-steps", "N", "(internal)"}});
+    bench::cli args(
+        argc, argv, "Fault to full speed: kill a replica mid-step, restart it, time the recovery (issue #28)",
+        {{"--replicas", "LIST", "replica counts (default 2,3)"},
+         {"--state-mib", "LIST", "training state sizes, MiB (default 64,256)"},
+         {"--presets", "LIST", "manager_options: default, tuned, +routes on either (default: default,tuned)"},
+         {"--compute-ms", "N", "compute per step, a sleep (default 50)"},
+         {"--grad-mib", "N", "gradient allreduced per step, MiB (default 4)"},
+         {"--kill-step", "N", "kill after the victim committed this step (default 20)"},
+         {"--after", "N", "steps to run after the restarted replica's first commit (default 30)"},
+         {"--full-speed-factor", "X", "full speed: commit intervals at most X x the median before (1.3)"},
+         {"--reps", "N", "runs per configuration (default 1)"},
+         {"--seed", "N", "seed of the kill points (default 1)"},
+         {"--on-hosts", "", "one replica per test host (under ddp-run --hosts N --hosts-only)"},
+         {"--row-timeout", "S", "give up on a run after S seconds (default 180)"},
+         {"--keep-logs", "", "keep each run's replica logs (the directory is printed)"},
+         {"--child", "ID", "(internal) run replica ID"},
+         {"--store-dir", "DIR", "(internal)"},
+         {"--log", "FILE", "(internal)"},
+         {"--preset", "NAME", "(internal)"},
+         {"--state-bytes", "N", "(internal)"},
+         {"--grad-bytes", "N", "(internal)"},
+         {"--iface", "NAME", "(internal)"},
+         {"--max-steps", "N", "(internal)"}});
     if (args.has("--help")) {
       args.print_help(std::cout);
       return 0;
@@ -533,6 +556,8 @@ int main(int argc, char** argv) {
                     {"joined ms", 1},
                     {"heal ms", 1},
                     {"heal GB/s", 2},
+                    {"allreduce busbw GB/s", 2},
+                    {"heal/busbw", 2},
                     {"T_healed ms", 1},
                     {"T_full ms", 1},
                     {"target ms", 1},
@@ -568,8 +593,8 @@ int main(int argc, char** argv) {
             reformed.precision(1);
             reformed << x.reformed_ms << " (" << x.reformed_size << ")";
             t.add({n, mib, preset, x.step_ms, x.kill_into_step_ms, x.detect_ms, reformed.str(), x.ready_ms, x.joined_ms,
-                   x.heal_ms, gbs, x.healed_ms, x.full_ms, target, x.healed_ms / target, x.full_ms / target,
-                   std::int64_t{x.discarded}});
+                   x.heal_ms, gbs, x.busbw_gbs, x.busbw_gbs > 0 ? gbs / x.busbw_gbs : 0.0, x.healed_ms, x.full_ms,
+                   target, x.healed_ms / target, x.full_ms / target, std::int64_t{x.discarded}});
             std::cout << "# done: " << n << " replicas, " << mib << " MiB, " << preset << " (T_full " << x.full_ms
                       << " ms)" << std::endl;
           }

@@ -53,7 +53,9 @@ ddp::communicator_factory mpi_factory() {
     MPI_Comm_group(MPI_COMM_WORLD, &world);
     MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
     MPI_Comm ordered = MPI_COMM_NULL;
-    MPI_Comm_create_group(MPI_COMM_WORLD, members, static_cast<int>(q.generation % 32768), &ordered);
+    // One tag per communicator of a generation: the quorum's, and each heal route's.
+    const auto tag = static_cast<int>((q.generation * 16 + static_cast<std::uint64_t>(q.heal_source + 1)) % 32768);
+    MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &ordered);
     MPI_Group_free(&members);
     MPI_Group_free(&world);
     ddp::any_communicator c{ddp::mpi::communicator(ordered)};
@@ -99,7 +101,8 @@ int main(int argc, char** argv) {
                      {"--heal-mib", "LIST", "state sizes to heal, MiB (default 64,256,1024)"},
                      {"--heal-reps", "N", "heals (and allreduces) per size, interleaved (default 3)"},
                      {"--heal-chunk-mib", "N", "manager_options::heal_chunk_bytes, MiB (default: the option's)"},
-                     {"--heal-small", "N", "N tensors of 1 KiB healed against one of N KiB (default 4096)"}});
+                     {"--heal-small", "N", "N tensors of 1 KiB healed against one of N KiB (default 4096)"},
+                     {"--heal-over", "LIST", "manager_options::heal_over: quorum, routes (default quorum,routes)"}});
     if (args.has("--help")) {
       if (rank == 0) args.print_help(std::cout);
       return 0;
@@ -177,9 +180,23 @@ int main(int argc, char** argv) {
     }
     const int reps = static_cast<int>(args.int_or("--heal-reps", 3));
     const std::int64_t chunk_mib = args.int_or("--heal-chunk-mib", 0);
+    std::vector<ddp::heal_transport> transports;
+    {
+      std::stringstream ss(args.string_or("--heal-over", "quorum,routes"));
+      for (std::string s; std::getline(ss, s, ',');) {
+        if (s != "quorum" && s != "routes") throw std::invalid_argument("--heal-over: quorum or routes, not " + s);
+        transports.push_back(s == "routes" ? ddp::heal_transport::source_routes
+                                           : ddp::heal_transport::quorum_broadcast);
+      }
+    }
+    const auto transport_name = [](ddp::heal_transport t) {
+      return t == ddp::heal_transport::source_routes ? "routes" : "quorum";
+    };
+    ddp::heal_transport over = ddp::heal_transport::quorum_broadcast;  // the heal_once in progress
     auto heal_options = [&] {
       ddp::manager_options o = options_for(rank, sources);
       if (chunk_mib > 0) o.heal_chunk_bytes = static_cast<std::size_t>(chunk_mib) << 20;
+      o.heal_over = over;
       return o;
     };
     auto ms_since = [](std::chrono::steady_clock::time_point t0) {
@@ -233,31 +250,41 @@ int main(int argc, char** argv) {
       if (rank == 0) std::filesystem::remove_all(hdir);
       return v;
     };
-    std::vector<std::vector<double>> heal_ms(sizes.size()), allreduce_ms(sizes.size()), quorum_ms(sizes.size());
+    // Cell (size i, transport j) at i * transports + j; sizes and transports interleaved.
+    const std::size_t cells = sizes.size() * transports.size();
+    std::vector<std::vector<double>> heal_ms(cells), allreduce_ms(cells), quorum_ms(cells);
     for (int r = 0; r < reps; ++r) {
       for (std::size_t i = 0; i < sizes.size(); ++i) {
-        std::vector<std::vector<float>> state(1, std::vector<float>(static_cast<std::size_t>(sizes[i]) << 18));
-        const auto v = heal_once("heal" + std::to_string(sizes[i]), state, 2);
-        quorum_ms[i].push_back(v[0]);
-        heal_ms[i].push_back(v[1]);
-        allreduce_ms[i].insert(allreduce_ms[i].end(), v.begin() + 2, v.end());
+        for (std::size_t j = 0; j < transports.size(); ++j) {
+          over = transports[j];
+          const std::size_t cell = i * transports.size() + j;
+          std::vector<std::vector<float>> state(1, std::vector<float>(static_cast<std::size_t>(sizes[i]) << 18));
+          const auto v = heal_once("heal" + std::to_string(sizes[i]), state, 2);
+          quorum_ms[cell].push_back(v[0]);
+          heal_ms[cell].push_back(v[1]);
+          allreduce_ms[cell].insert(allreduce_ms[cell].end(), v.begin() + 2, v.end());
+        }
       }
     }
+    over = ddp::heal_transport::quorum_broadcast;
     bench::table heal({{"state MiB"},
                        {"ranks"},
                        {"sources"},
+                       {"heal over"},
                        {"heal ms", 1},
                        {"heal GB/s", 2},
                        {"allreduce ms", 1},
                        {"busbw GB/s", 2},
                        {"heal/busbw", 2},
                        {"start_quorum ms", 1}});
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const double bytes_i = static_cast<double>(sizes[i] << 20);
-      const double h = bench::median(heal_ms[i]), a = bench::median(allreduce_ms[i]);
+    for (std::size_t cell = 0; cell < cells; ++cell) {
+      const std::int64_t mib = sizes[cell / transports.size()];
+      const double bytes_i = static_cast<double>(mib << 20);
+      const double h = bench::median(heal_ms[cell]), a = bench::median(allreduce_ms[cell]);
       const double heal_gbs = bytes_i / (h * 1e6), busbw = bytes_i * 2.0 * (n - 1) / n / (a * 1e6);
-      heal.add({sizes[i], std::int64_t{n}, std::int64_t{sources}, h, heal_gbs, a, busbw, heal_gbs / busbw,
-                bench::median(quorum_ms[i])});
+      heal.add({mib, std::int64_t{n}, std::int64_t{sources},
+                std::string(transport_name(transports[cell % transports.size()])), h, heal_gbs, a, busbw,
+                heal_gbs / busbw, bench::median(quorum_ms[cell])});
     }
     // Many small tensors against one of the same bytes (the Manager coalesces small ones).
     bench::table small({{"state"}, {"heal ms", 3}, {"start_quorum ms", 3}});

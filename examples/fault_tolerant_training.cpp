@@ -77,6 +77,7 @@ int train(const std::string& id, Store& store, int diloco, int spares) {
   opts.settle = 300ms;
   opts.quorum_timeout = 60s;
   opts.active_replicas = spares > 0 ? replicas - spares : 0;
+  opts.heal_over = ddp::heal_transport::source_routes;  // the factory keys gloo's rendezvous by q.store
   ddp::gloo::options gloo_opts;
   gloo_opts.timeout = 3s;
   gloo_opts.connect_timeout = 10s;

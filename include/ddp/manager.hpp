@@ -40,6 +40,7 @@
 #include <ddp/manager/decision.hpp>
 #include <ddp/manager/exchange.hpp>
 #include <ddp/manager/heal.hpp>
+#include <ddp/manager/heal_routes.hpp>
 #include <ddp/manager/options.hpp>
 #include <ddp/manager/participation.hpp>
 #include <ddp/manager/quorum.hpp>
@@ -526,8 +527,11 @@ class Manager {
     // From its first received byte until the hash check passes, a receiver holds nothing: it
     // reports "needs healing" to every later quorum, never serves as a source, keeps its step.
     if (receiving) needs_heal_ = true;
+    // The routes live until the check is over: a source's route outlives its receivers' last bytes.
+    const detail::heal_routes routes(opts_.heal_over, factory_, comm_, store_ref(*comm_store_), generation_, sources,
+                                     rank_, members_, st, opts_.heal_chunk_bytes);
     const detail::healed_state healed =  // hashed as the transfers land: no second pass for the check
-        detail::heal_state(comm_, st, sources, max_step, opts_.heal_chunk_bytes, meter, rank_);
+        detail::heal_state(comm_, routes.lanes(), st, sources.front(), max_step, opts_.heal_chunk_bytes, meter, rank_);
     detail::check_same_state(comm_, healed.hash, members_, rank_);
     const std::size_t moved = healed.moved;
     if (receiving) {

@@ -64,6 +64,12 @@ inline ddp::manager_options scenario_options() {
   return o;
 }
 
+/// The fabric key of a Manager's communicator: one per generation, and one per heal route
+/// (manager_options::heal_over == heal_transport::source_routes) in it.
+inline std::string fabric_key(const ddp::quorum_info& q) {
+  return "g" + std::to_string(q.generation) + (q.heal_source >= 0 ? "/heal" + std::to_string(q.heal_source) : "");
+}
+
 /// Runs `replicas` replicas "r0", "r1", ... (replica r with `faults[r]`, if any) and, 150 ms
 /// later, the `joiners`, each on its own thread of `Cluster(collective_timeout)`:
 /// `run_replica(id, fault, steps, want, result, stall)`, where `want` is the quorum size the

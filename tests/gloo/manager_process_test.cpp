@@ -25,12 +25,14 @@ namespace {
 // One trainer whose Manager store is the file store of its records too.
 void train(const std::filesystem::path& dir, const std::string& id, std::int64_t start_after,
            const std::function<bool(std::int64_t, const std::vector<std::string>&)>& done, int min_replicas,
-           std::chrono::milliseconds quorum_timeout, std::function<void(int)> on_broadcast = {}) {
+           std::chrono::milliseconds quorum_timeout, std::function<void(int)> on_broadcast = {},
+           ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast) {
   st::file_store store(dir);
   gloo_test::trainer_setup setup{.records = dir,
                                  .min_replicas = min_replicas,
                                  .quorum_timeout = quorum_timeout,
-                                 .on_broadcast = std::move(on_broadcast)};
+                                 .on_broadcast = std::move(on_broadcast),
+                                 .heal_over = heal_over};
   gloo_test::train(store, setup, id, start_after, done);
 }
 
@@ -60,10 +62,12 @@ TEST_CASE("Manager over gloo processes: two fresh replicas join three training o
   }
 }
 
-TEST_CASE("Manager over gloo processes: a healing source SIGKILLed after its first chunk", "[gloo][manager][file]") {
+namespace {
+
+// "a" and "c" train; "b" joins fresh. a kills itself (SIGKILL) on its second healing broadcast
+// as a source. b must heal from c, bit-identical, and never use the torn bytes.
+void check_source_killed_mid_heal(ddp::heal_transport heal_over) {
   temp_dir dir("manager-heal");
-  // "a" and "c" train; "b" joins fresh. a kills itself (SIGKILL) on its second healing
-  // broadcast as a source. b must heal from c, bit-identical, and never use the torn bytes.
   const std::vector<std::string> ids{"a", "b", "c"};
   const auto done = [](std::int64_t s, const std::vector<std::string>& members) {
     return s >= 20 && members == std::vector<std::string>{"b", "c"};
@@ -71,16 +75,19 @@ TEST_CASE("Manager over gloo processes: a healing source SIGKILLed after its fir
   gloo_test::process_group group(3, [&](int rank, const gloo_test::reporter&) {
     if (rank == 0) {
       int sent = 0;
-      train(dir.path(), "a", 0, done, 2, 15s, [&](int root) {
-        if (root == 0 && st::file_store(dir.path()).get("b-started") && ++sent == 2) ::raise(SIGKILL);
-      });
+      train(
+          dir.path(), "a", 0, done, 2, 15s,
+          [&](int root) {
+            if (root == 0 && st::file_store(dir.path()).get("b-started") && ++sent == 2) ::raise(SIGKILL);
+          },
+          heal_over);
     } else if (rank == 1) {
       st::file_store s(dir.path());
       while (s.add("progress", 0) < 5) std::this_thread::sleep_for(5ms);
       s.set("b-started", ddp::as_bytes(std::string_view("1")));
-      train(dir.path(), "b", 5, done, 2, 15s);
+      train(dir.path(), "b", 5, done, 2, 15s, {}, heal_over);
     } else {
-      train(dir.path(), "c", 0, done, 2, 15s);
+      train(dir.path(), "c", 0, done, 2, 15s, {}, heal_over);
     }
   });
   const auto outs = group.wait_all(40s);
@@ -89,4 +96,16 @@ TEST_CASE("Manager over gloo processes: a healing source SIGKILLed after its fir
   CHECK(outs[1].ok());
   CHECK(outs[2].ok());
   check_store(dir.path(), ids, 20, 60);
+}
+
+}  // namespace
+
+TEST_CASE("Manager over gloo processes: a healing source SIGKILLed after its first chunk", "[gloo][manager][file]") {
+  check_source_killed_mid_heal(ddp::heal_transport::quorum_broadcast);
+}
+
+TEST_CASE("Manager over gloo processes: a healing source SIGKILLed on its route after its first chunk",
+          "[gloo][manager][file]") {
+  // Over source routes a's chunks travel on a's route to b alone; its death fails that route.
+  check_source_killed_mid_heal(ddp::heal_transport::source_routes);
 }

@@ -69,6 +69,7 @@ struct trainer_setup {
   std::chrono::milliseconds quorum_timeout = 15s;
   std::function<void(int)> on_broadcast{};  ///< runs before every broadcast of the Manager's communicator
   int active_replicas = 0;  ///< hot spares (manager_options::active_replicas); each commit records its participant rank
+  ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  ///< manager_options::heal_over
 };
 
 /// One trainer process over `store` (the Manager's). Waits until the job committed `start_after`
@@ -96,6 +97,7 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
   opts.heal_chunk_bytes = 128;
   opts.progress = {};
   opts.active_replicas = setup.active_replicas;
+  opts.heal_over = setup.heal_over;
   ddp::Manager m(
       store,
       [&](const ddp::quorum_info& q) {

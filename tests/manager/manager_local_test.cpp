@@ -57,6 +57,7 @@ struct cluster {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric;
   ddp::manager_options base = replica_test::scenario_options();  // several heal chunks: exercises spreading
+  std::atomic<int>* routes_built = nullptr;                      // counts the heal routes built, if set
   explicit cluster(std::chrono::milliseconds collective_timeout)
       : fabric(ddp::local::options{.timeout = collective_timeout, .faults = {}}) {}
 
@@ -74,7 +75,8 @@ struct cluster {
     ddp::Manager m(
         store,
         [this](const ddp::quorum_info& q) {
-          return ddp::any_communicator(fabric.connect("g" + std::to_string(q.generation), q.rank, q.size));
+          if (q.heal_source >= 0 && routes_built != nullptr) ++*routes_built;
+          return ddp::any_communicator(fabric.connect(replica_test::fabric_key(q), q.rank, q.size));
         },
         state, opts);
     m.on_event([&](const ddp::manager_event& e) {
@@ -223,6 +225,30 @@ TEST_CASE("Manager: a replica crashes before, during or after its gradient colle
     bool healed = false;
     for (const auto& e : o.results.back().events) healed = healed || e.find("healed to step") != std::string::npos;
     CHECK(healed);
+  }
+}
+
+TEST_CASE("Manager: over source routes, a replacement heals from both survivors at once", "[local][manager][fault]") {
+  std::mt19937 rng(20261127);
+  for (int run = 0; run < 10; ++run) {
+    const auto where = static_cast<fault_point>(1 + run % 3);
+    const int victim = static_cast<int>(rng() % 3);
+    const std::int64_t at = 1 + static_cast<std::int64_t>(rng() % 4);
+    INFO("run " << run << ": replica r" << victim << " crashes at step " << at << ", point "
+                << static_cast<int>(where));
+    std::atomic<int> routes{0};
+    const scenario_outcome o{replica_test::run_scenario<cluster, replica_result>(
+        3, 8, {{victim, {where, at}}}, {"r9"}, 0ms, 1000ms, [&](cluster& c) {
+          c.base.heal_over = ddp::heal_transport::source_routes;
+          c.routes_built = &routes;
+        })};
+    check_outcome(o, 8, 3);
+    bool healed_from_two = false;
+    for (const auto& e : o.results.back().events) {
+      healed_from_two = healed_from_two || e.find("from 2 up-to-date replica(s)") != std::string::npos;
+    }
+    CHECK(healed_from_two);
+    CHECK(routes.load() >= 4);  // a heal from 2 sources: 2 routes on the receiver, 1 on each source
   }
 }
 

@@ -116,7 +116,7 @@ struct job {
     ddp::Manager m(
         store,
         [this, h](const ddp::quorum_info& q) {
-          auto c = fabric.connect("g" + std::to_string(q.generation), q.rank, q.size);
+          auto c = fabric.connect(replica_test::fabric_key(q), q.rank, q.size);
           if (!h.comm) return ddp::any_communicator(std::move(c));
           return ddp::any_communicator(hooked_comm(std::move(c), h.comm));
         },
@@ -309,9 +309,12 @@ TEST_CASE("Manager: a healing source killed after its first chunk; the torn stat
 }
 
 TEST_CASE("Manager: a source killed mid-heal; the receiver heals from the other source", "[local][manager][heal]") {
-  for (int run = 0; run < runs; ++run) {
-    INFO("run " << run);
+  for (int run = 0; run < 2 * runs; ++run) {
+    // Over the quorum's communicator, and over one route per source (a's route dies with it).
+    const auto over = run / 2 % 2 == 0 ? ddp::heal_transport::quorum_broadcast : ddp::heal_transport::source_routes;
+    INFO("run " << run << (over == ddp::heal_transport::source_routes ? ", source routes" : ", quorum broadcast"));
     job j;
+    j.base.heal_over = over;
     std::atomic<bool> joiner_started{false};
     std::atomic<int> sent{0};
     const auto done = [](std::int64_t s, const std::vector<std::string>& members) {
@@ -421,8 +424,19 @@ TEST_CASE("Manager: a replica with other participation rules is told so and left
   run_hooks h;
   h.options = [](ddp::manager_options& o) { o.active_replicas = 2; };
   check_refused_joiner(h,
-                       "replica x runs with active_replicas = 2, healed_replicas_participate = true, replica r0 "
-                       "with active_replicas = 0");
+                       "replica x runs with active_replicas = 2, healed_replicas_participate = true, heal_over = "
+                       "quorum_broadcast, replica r0 with active_replicas = 0");
+}
+
+// Members that heal over different communicators would wait for each other's broadcasts.
+TEST_CASE("Manager: a replica that heals over other communicators is told so and left out; the others go on",
+          "[local][manager][split]") {
+  run_hooks h;
+  h.options = [](ddp::manager_options& o) { o.heal_over = ddp::heal_transport::source_routes; };
+  check_refused_joiner(h,
+                       "replica x runs with active_replicas = 0, healed_replicas_participate = true, heal_over = "
+                       "source_routes, replica r0 with active_replicas = 0, healed_replicas_participate = true, "
+                       "heal_over = quorum_broadcast");
 }
 
 TEST_CASE("enroll_any: a group whose first arrival left still closes, without it", "[local][manager][store]") {

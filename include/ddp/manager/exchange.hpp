@@ -40,10 +40,11 @@ struct member_report {
   }
 };
 
-/// The options every member must share, or their divisors differ: `active_replicas` and
-/// `healed_replicas_participate`, as one word.
+/// The options every member must share, or their divisors differ (`active_replicas`,
+/// `healed_replicas_participate`) or their heals do not meet (`heal_over`), as one word.
 [[nodiscard]] inline std::int64_t participation_rules(const manager_options& o) noexcept {
-  return std::int64_t{o.active_replicas} * 2 + (o.healed_replicas_participate ? 1 : 0);
+  return std::int64_t{o.active_replicas} * 4 + (o.heal_over == heal_transport::source_routes ? 2 : 0) +
+         (o.healed_replicas_participate ? 1 : 0);
 }
 
 /// A member left out of a quorum, and why.
@@ -94,8 +95,9 @@ struct heal_plan {
       ok[r] = false;
     } else if (word(r, 5) != word(ref, 5)) {
       const auto rules = [&](std::size_t q) {
-        return "active_replicas = " + std::to_string(word(q, 5) / 2) +
-               ", healed_replicas_participate = " + (word(q, 5) % 2 != 0 ? "true" : "false");
+        return "active_replicas = " + std::to_string(word(q, 5) / 4) +
+               ", healed_replicas_participate = " + (word(q, 5) % 2 != 0 ? "true" : "false") +
+               ", heal_over = " + (word(q, 5) / 2 % 2 != 0 ? "source_routes" : "quorum_broadcast");
       };
       plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] + " runs with " + rules(r) + ", replica " +
                                                          members[ref] + " with " + rules(ref) +

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -198,44 +199,70 @@ struct healed_state {
   std::uint64_t hash = 0;  ///< `state_hash` of the state after the transfer
 };
 
-/// Broadcasts the state of `step` from `sources` to every member of `comm` (`plan_transfers`:
-/// 4096 small tensors cost a few calls), transfer k from sources[k % sources] so that every
-/// source sends at once, all in flight together; then the scalars and the step from the first
-/// source. Each member hashes every host transfer as soon as it completes (the bytes it now
-/// holds, still in cache, while later transfers are in flight), device transfers afterwards.
-/// Up-to-date members receive bytes identical to their own. Collective. `meter` counts bytes
-/// as they arrive.
+/// Where transfer k travels: over `comm` from its rank `root`, for the lane k % lanes. A lane
+/// without a communicator is one this member takes no part in: it is a source that holds the
+/// lane's bytes and another source sends them (manager/heal_routes.hpp).
+struct heal_lane {
+  any_communicator* comm = nullptr;
+  int root = 0;
+};
+
+/// The lanes of a heal over one communicator: transfer k broadcast from sources[k % sources].
+[[nodiscard]] inline std::vector<heal_lane> quorum_lanes(any_communicator& comm, const std::vector<int>& sources) {
+  std::vector<heal_lane> lanes;
+  for (const int s : sources) lanes.push_back({&comm, s});
+  return lanes;
+}
+
+/// Broadcasts the state's transfers (`plan_transfers`: 4096 small tensors cost a few calls),
+/// transfer k over lanes[k % lanes] so that every source sends at once, all in flight together;
+/// then the scalars and the step from the first source over `comm`, the quorum's communicator.
+/// Each member hashes every host transfer as soon as it completes (the bytes it now holds, still
+/// in cache, while later transfers are in flight), device transfers and those of lanes it takes
+/// no part in afterwards. Up-to-date members receive bytes identical to their own, or none.
+/// Collective over `comm` and each lane's communicator. `meter` counts bytes as they arrive.
 /// @throws communication_error if a transfer fails, or the sources sent another step
-inline healed_state heal_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
-                               std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
+inline healed_state heal_state(any_communicator& comm, std::span<const heal_lane> lanes, const state_view& state,
+                               int first_source, std::int64_t step, std::size_t chunk_bytes, progress_meter& meter,
+                               int rank) {
   const std::vector<std::vector<tensor_view>> groups = plan_transfers(state.tensors, chunk_bytes);
   healed_state out;
   std::vector<work> transfers;
-  transfers.reserve(groups.size());
+  std::vector<std::size_t> transfer_group;  // transfers[i] moves groups[transfer_group[i]]
   for (std::size_t k = 0; k < groups.size(); ++k) {
     std::size_t n = 0;
     for (const tensor_view& t : groups[k]) n += t.bytes();
-    transfers.push_back(
-        comm.broadcast(std::span<const tensor_view>(groups[k]), sources[k % sources.size()]).then([&meter, n] {
-          meter.add_bytes(n);
-        }));
     out.moved += n;
+    const heal_lane& lane = lanes[k % lanes.size()];
+    if (lane.comm == nullptr) continue;
+    transfers.push_back(lane.comm->broadcast(std::span<const tensor_view>(groups[k]), lane.root).then([&meter, n] {
+      meter.add_bytes(n);
+    }));
+    transfer_group.push_back(k);
   }
-  transfer_hasher hash(comm);
   std::vector<std::uint64_t> hashes(groups.size());
   std::vector<bool> hashed(groups.size(), false);
+  // A device transfer is read back on its lane's device queue, behind that lane's broadcasts.
+  std::vector<std::unique_ptr<transfer_hasher>> lane_hash(lanes.size());
+  const auto hasher = [&](std::size_t k) -> transfer_hasher& {
+    const heal_lane& lane = lanes[k % lanes.size()];
+    auto& h = lane_hash[k % lanes.size()];
+    if (!h) h = std::make_unique<transfer_hasher>(lane.comm != nullptr ? *lane.comm : comm);
+    return *h;
+  };
   // Round-robin, one deadline, an error naming the first pending transfer.
-  work::wait_all(transfers, [&](std::size_t k) {
+  work::wait_all(transfers, [&](std::size_t i) {
+    const std::size_t k = transfer_group[i];
     if (!groups[k].front().where.is_host()) return;  // its copy would wait for every broadcast queued
-    hashes[k] = hash(groups[k]);
+    hashes[k] = hasher(k)(groups[k]);
     hashed[k] = true;
   });
   for (std::size_t k = 0; k < groups.size(); ++k) {
-    if (!hashed[k]) hashes[k] = hash(groups[k]);
+    if (!hashed[k]) hashes[k] = hasher(k)(groups[k]);
   }
   std::vector<std::int64_t> scalars(state.scalars.begin(), state.scalars.end());
   scalars.push_back(step);
-  communicator_ref(comm).broadcast(scalars, sources.front()).wait();
+  communicator_ref(comm).broadcast(scalars, first_source).wait();
   std::copy(scalars.begin(), scalars.end() - 1, state.scalars.begin());
   if (scalars.back() != step) {
     throw communication_error(
@@ -244,6 +271,13 @@ inline healed_state heal_state(any_communicator& comm, const state_view& state, 
   }
   out.hash = combine_state_hash(hashes, state.scalars, step);
   return out;
+}
+
+/// `heal_state` over `comm` alone: transfer k broadcast from sources[k % sources] to every member.
+inline healed_state heal_state(any_communicator& comm, const state_view& state, const std::vector<int>& sources,
+                               std::int64_t step, std::size_t chunk_bytes, progress_meter& meter, int rank) {
+  const std::vector<heal_lane> lanes = quorum_lanes(comm, sources);
+  return heal_state(comm, lanes, state, sources.front(), step, chunk_bytes, meter, rank);
 }
 
 /// `heal_state` without the hash: returns the tensor bytes moved.

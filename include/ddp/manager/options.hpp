@@ -20,6 +20,18 @@
 
 namespace ddp {
 
+/// How healing moves the state (docs/fault-tolerance.md, "Healing routes").
+enum class heal_transport : unsigned char {
+  /// Broadcasts over the quorum's communicator: every member receives every transfer, the other
+  /// sources too, and transfers run one after another where the backend runs one collective at a
+  /// time (gloo). Needs nothing more of the factory.
+  quorum_broadcast,
+  /// One communicator per source, the source and the members it heals (`quorum_info::heal_source`),
+  /// built by the factory for each heal: sources send only to receivers, all at once. Needs a
+  /// factory that keys its rendezvous by `quorum_info::store` (gloo, NCCL) or by `heal_source`.
+  source_routes,
+};
+
 /// Knobs of the fault-tolerance protocol.
 struct manager_options {
   /// This replica's name in the store (key characters). Ranks in a quorum follow name order.
@@ -38,6 +50,8 @@ struct manager_options {
   int max_consecutive_failures = 20;
   /// Healing broadcasts state in chunks of this size.
   std::size_t heal_chunk_bytes = std::size_t{16} << 20;
+  /// How healing moves the state. Every replica must use the same.
+  heal_transport heal_over = heal_transport::quorum_broadcast;
   /// true: a replica healed in `start_quorum()` contributes its real gradients in that step.
   /// false (torchft's rule): it contributes zeros and is not counted in the divisor.
   bool healed_replicas_participate = true;
@@ -60,7 +74,11 @@ struct quorum_info {
   int rank = 0;                      ///< this replica's rank in the quorum
   int size = 1;                      ///< members of the quorum
   std::vector<std::string> members;  ///< replica ids in rank order
-  store_ref store;                   ///< namespace reserved for this generation's rendezvous
+  store_ref store;                   ///< namespace reserved for this communicator's rendezvous
+  /// -1: the quorum's communicator. Otherwise a heal route (heal_transport::source_routes): the
+  /// communicator from the member of quorum rank `heal_source` (rank 0 here) to the members it
+  /// heals; `members`, `rank` and `size` are the route's.
+  int heal_source = -1;
 };
 
 /// Builds the communicator of one quorum (gloo through the store, NCCL with its unique id in
