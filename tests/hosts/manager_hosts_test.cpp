@@ -124,9 +124,11 @@ ddp::stores::redis_store connect_store() {
   }
 }
 
-gloo_test::trainer_setup setup_for(const std::filesystem::path& records, int active_replicas = 0) {
+gloo_test::trainer_setup setup_for(const std::filesystem::path& records, int active_replicas,
+                                   ddp::heal_transport heal_over) {
   gloo_test::trainer_setup s{.records = records, .min_replicas = 2, .quorum_timeout = 30s};
   s.active_replicas = active_replicas;
+  s.heal_over = heal_over;
   s.gloo.interface = env("DDP_HOSTS_IFNAME");  // each host's own address, not loopback
   return s;
 }
@@ -136,13 +138,14 @@ gloo_test::trainer_setup setup_for(const std::filesystem::path& records, int act
 // until `done`. Reports how many times it restarted.
 void resilient_replica(const std::string& host, const std::string& id, const std::filesystem::path& records,
                        const std::function<bool(std::int64_t, const std::vector<std::string>&)>& done,
-                       const gloo_test::reporter& out, int active_replicas = 0) {
+                       const gloo_test::reporter& out, int active_replicas = 0,
+                       ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast) {
   enter_host(host);
   const auto deadline = std::chrono::steady_clock::now() + 90s;
   for (int restarts = 0;; ++restarts) {
     try {
       auto store = connect_store();
-      gloo_test::train(store, setup_for(records, active_replicas), id, 0, done);
+      gloo_test::train(store, setup_for(records, active_replicas, heal_over), id, 0, done);
       out.set("restarts", std::to_string(restarts));
       return;
     } catch (const ddp::error& e) {
@@ -223,8 +226,11 @@ TEST_CASE("Manager across hosts: a host's link cut, the majority goes on; restor
   CHECK(last_commit(records.path(), "r3", progress(records.path()) + 1) >= end_at - 1);
 }
 
+// The restarted replica heals from both survivors at once, each over its own route across the
+// network (heal_transport::source_routes).
 TEST_CASE("Manager across hosts: a host's processes killed, its replica restarted; it heals and rejoins",
           "[hosts][manager]") {
+  constexpr auto routes = ddp::heal_transport::source_routes;
   temp_dir records("hosts-manager-kill");
   redis_on_h1 redis;
   const std::vector<std::string> ids{"r1", "r2", "r3"};
@@ -234,17 +240,21 @@ TEST_CASE("Manager across hosts: a host's processes killed, its replica restarte
   };
   gloo_test::process_group survivors(2, [&](int rank, const gloo_test::reporter& out) {
     const std::string host = rank == 0 ? "h1" : "h3";
-    resilient_replica(host, rank == 0 ? "r1" : "r3", records.path(), done, out);
+    resilient_replica(host, rank == 0 ? "r1" : "r3", records.path(), done, out, 0, routes);
   });
   std::optional<gloo_test::process_group> h2;
-  h2.emplace(1, [&](int, const gloo_test::reporter& out) { resilient_replica("h2", "r2", records.path(), done, out); });
+  h2.emplace(1, [&](int, const gloo_test::reporter& out) {
+    resilient_replica("h2", "r2", records.path(), done, out, 0, routes);
+  });
   REQUIRE(wait_progress(records.path(), kill_at, 60s));
   hosts_tool("kill h2");  // every process on h2: its replica dies mid-step
   const auto killed = h2->wait_all(10s);
   CHECK((!killed[0].exited && killed[0].signal == SIGKILL));
   const std::int64_t at_kill = progress(records.path());
   CHECK(wait_progress(records.path(), at_kill + 10, 45s));  // h1 and h3 go on
-  h2.emplace(1, [&](int, const gloo_test::reporter& out) { resilient_replica("h2", "r2", records.path(), done, out); });
+  h2.emplace(1, [&](int, const gloo_test::reporter& out) {
+    resilient_replica("h2", "r2", records.path(), done, out, 0, routes);
+  });
   const auto outs = survivors.wait_all(90s);
   const auto restarted = h2->wait_all(30s);
   INFO(gloo_test::describe_all(outs) << "\nrestarted h2: " << gloo_test::describe_all(restarted));

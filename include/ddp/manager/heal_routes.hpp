@@ -53,8 +53,12 @@ class heal_routes {
     comms_.reserve(used);  // lanes point into comms_: no reallocation
     for (std::size_t s = 0; s < used; ++s) {
       if (!receiving && rank != sources[s]) continue;
-      quorum_info route{generation, 0, static_cast<int>(receivers.size()) + 1, {members[static_cast<std::size_t>(sources[s])]},
-                        store_ref(generation_store), sources[s]};
+      quorum_info route{generation,
+                        0,
+                        static_cast<int>(receivers.size()) + 1,
+                        {members[static_cast<std::size_t>(sources[s])]},
+                        store_ref(generation_store),
+                        sources[s]};
       for (std::size_t i = 0; i < receivers.size(); ++i) {
         route.members.push_back(members[static_cast<std::size_t>(receivers[i])]);
         if (receivers[i] == rank) route.rank = static_cast<int>(i) + 1;
