@@ -1,0 +1,7 @@
+#pragma once
+/// @file groups.hpp
+/// @brief Replica groups: jobs whose replicas are groups of ranks. `group_communicator`
+/// (groups/group_communicator.hpp): collectives inside a group, and across the groups one
+/// communicator per rank index. See docs/replica-groups.md.
+
+#include <ddp/groups/group_communicator.hpp>

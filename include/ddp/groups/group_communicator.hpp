@@ -1,0 +1,175 @@
+#pragma once
+/// @file groups/group_communicator.hpp
+/// @brief `group_communicator`: the communicator of a job whose replicas are groups of ranks
+/// (torchft's fault-tolerant HSDP shape): fast collectives inside a group over `Inner`, and across
+/// the groups over `Cross`, one communicator per rank index joining the same-index ranks of every
+/// group. An allreduce is a reduce-scatter inside the group, an allreduce of this rank's shard
+/// across the groups and an allgather inside the group, so each rank sends 1/k of the data across
+/// (k ranks a group) and a group's ranks use their links at once. It models `communicator`, so a
+/// Bucketer runs over it unchanged. docs/replica-groups.md.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/backend_contract.hpp>
+#include <ddp/communicator.hpp>
+#include <ddp/detail/staged_work.hpp>
+#include <ddp/error.hpp>
+#include <ddp/tensor.hpp>
+#include <ddp/work.hpp>
+
+namespace ddp {
+
+/// Ranks of a group job: rank = group * group_size + index in the group (group-major).
+///
+/// Every rank of group g must hold `Inner` over exactly the ranks of g (its rank there being its
+/// index), and `Cross` over the ranks of its index in every group, in group order (its rank there
+/// being g). Collectives are host memory (the staging is); what each one costs is in
+/// docs/replica-groups.md.
+template <communicator Inner, communicator Cross>
+class group_communicator {
+ public:
+  /// @param timeout deadline of each collective's work (all of its stages together)
+  group_communicator(Inner inner, Cross cross, std::chrono::milliseconds timeout = default_timeout)
+      : inner_(std::move(inner)), cross_(std::move(cross)), timeout_(timeout) {}
+
+  /// This rank in the job: group * group_size() + index in the group.
+  [[nodiscard]] int rank() const { return cross_.rank() * inner_.size() + inner_.rank(); }
+  /// Ranks of the job: groups * group_size().
+  [[nodiscard]] int size() const { return cross_.size() * inner_.size(); }
+  /// Ranks of a group (k).
+  [[nodiscard]] int group_size() const { return inner_.size(); }
+  /// This rank's group (its rank across the groups).
+  [[nodiscard]] int group() const { return cross_.rank(); }
+  /// The communicator inside this rank's group.
+  [[nodiscard]] Inner& inner() noexcept { return inner_; }
+  /// The communicator across the groups, of this rank's index.
+  [[nodiscard]] Cross& cross() noexcept { return cross_; }
+
+  /// In place over every rank of every group: per dtype (in order of first appearance), the
+  /// tensors packed (padded to a multiple of k), reduce-scattered inside the group, this rank's
+  /// shard allreduced across the groups, allgathered inside the group, unpacked.
+  work allreduce(std::span<const tensor_view> ts, reduce_op op) {
+    const op_info info = contract::check_allreduce(caller(), ts, op);
+    auto runs = std::make_shared<std::vector<dtype_run>>();
+    for (const tensor_view& t : ts) {
+      if (t.count == 0) continue;
+      auto run = std::find_if(runs->begin(), runs->end(), [&](const dtype_run& r) { return r.type == t.type; });
+      if (run == runs->end()) run = runs->insert(runs->end(), dtype_run{t.type, {}, {}, {}});
+      run->parts.push_back(t);
+    }
+    const auto k = static_cast<std::size_t>(inner_.size());
+    std::vector<detail::staged_work::stage> stages;
+    for (dtype_run& run : *runs) {
+      std::size_t n = 0;
+      for (const tensor_view& t : run.parts) n += t.count;
+      const std::size_t shard = (n + k - 1) / k;
+      run.packed.assign(shard * k * size_of(run.type), std::byte{0});
+      run.shard.resize(shard * size_of(run.type));
+      std::size_t off = 0;
+      for (const tensor_view& t : run.parts) {
+        std::memcpy(run.packed.data() + off, t.data, t.bytes());
+        off += t.bytes();
+      }
+      const tensor_view packed{run.packed.data(), shard * k, run.type, device::host()};
+      const tensor_view mine{run.shard.data(), shard, run.type, device::host()};
+      stages.emplace_back([this, packed, mine, op] { return inner_.reduce_scatter(packed, mine, op); });
+      stages.emplace_back([this, mine, op] { return cross_.allreduce(std::span<const tensor_view>(&mine, 1), op); });
+      stages.emplace_back([this, packed, mine] { return inner_.allgather(mine, packed); });
+    }
+    return detail::staged_work::start(info, std::move(stages), [runs] {
+      for (const dtype_run& run : *runs) {
+        std::size_t off = 0;
+        for (const tensor_view& t : run.parts) {
+          std::memcpy(t.data, run.packed.data() + off, t.bytes());
+          off += t.bytes();
+        }
+      }
+    });
+  }
+
+  /// From job rank `root`: inside root's group first, then across the groups from it, on every
+  /// rank index (each index carries all of the bytes across).
+  work broadcast(std::span<const tensor_view> ts, int root) {
+    const op_info info = contract::check_broadcast(caller(), ts, root);
+    auto views = std::make_shared<std::vector<tensor_view>>(ts.begin(), ts.end());
+    const int k = inner_.size();
+    return detail::staged_work::start(
+        info, {[this, views, root, k] { return inner_.broadcast(*views, root % k); },
+               [this, views, root, k] { return cross_.broadcast(*views, root / k); }});
+  }
+
+  /// Job rank r's `in` lands at `out[r * in.count]`: inside the group, then across the groups.
+  work allgather(tensor_view in, tensor_view out) {
+    const op_info info = contract::check_allgather(caller(), in, out);
+    auto group = std::make_shared<std::vector<std::byte>>(in.bytes() * static_cast<std::size_t>(inner_.size()));
+    const tensor_view mine_group{group->data(), in.count * static_cast<std::size_t>(inner_.size()), in.type,
+                                 device::host()};
+    // `in` may be this rank's block of `out` (the in-place form): the first stage reads it before
+    // the second writes `out`.
+    return detail::staged_work::start(info, {[this, in, mine_group, group] { return inner_.allgather(in, mine_group); },
+                                             [this, mine_group, out] { return cross_.allgather(mine_group, out); }});
+  }
+
+  /// Job rank r gets block r of the reduction: the blocks regrouped by index in the group, reduced
+  /// and scattered inside the group (index i holds blocks {g k + i} summed over the group), then
+  /// reduced and scattered across the groups.
+  work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
+    const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
+    const auto k = static_cast<std::size_t>(inner_.size()), groups = static_cast<std::size_t>(cross_.size());
+    const std::size_t block = out.bytes();
+    auto by_index = std::make_shared<std::vector<std::byte>>(in.bytes());
+    auto column = std::make_shared<std::vector<std::byte>>(block * groups);
+    for (std::size_t i = 0; i < k; ++i) {
+      for (std::size_t g = 0; g < groups; ++g) {
+        std::memcpy(by_index->data() + (i * groups + g) * block, in.byte_data() + (g * k + i) * block, block);
+      }
+    }
+    const tensor_view regrouped{by_index->data(), in.count, in.type, device::host()};
+    const tensor_view mine{column->data(), out.count * groups, in.type, device::host()};
+    return detail::staged_work::start(
+        info, {[this, regrouped, mine, op, by_index] { return inner_.reduce_scatter(regrouped, mine, op); },
+               [this, mine, out, op, column] { return cross_.reduce_scatter(mine, out, op); }});
+  }
+
+  /// Inside the group, across the groups, inside the group again (so no rank leaves before every
+  /// rank of every group arrived).
+  work barrier() {
+    const op_info info = contract::check_barrier(caller());
+    return detail::staged_work::start(
+        info, {[this] { return inner_.barrier(); }, [this] { return cross_.barrier(); }, [this] { return inner_.barrier(); }});
+  }
+
+  /// Aborts both communicators.
+  void abort() noexcept {
+    inner_.abort();
+    cross_.abort();
+  }
+
+ private:
+  // One dtype's tensors of an allreduce, packed, and this rank's shard of them.
+  struct dtype_run {
+    dtype type;
+    std::vector<tensor_view> parts;
+    std::vector<std::byte> packed, shard;
+  };
+
+  [[nodiscard]] contract::caller caller() {
+    return {rank(), size(), seq_++, timeout_,
+            contract::memory_rule::host("group_communicator", "it stages through host memory")};
+  }
+
+  Inner inner_;
+  Cross cross_;
+  std::chrono::milliseconds timeout_;
+  std::uint64_t seq_ = 0;
+};
+
+}  // namespace ddp
