@@ -36,6 +36,8 @@ namespace ddp {
 template <communicator Inner, communicator Cross>
 class group_communicator {
  public:
+  /// @param inner   over the ranks of this rank's group (its rank there: its index in the group)
+  /// @param cross   over the ranks of this index in every group, in group order (its rank: the group)
   /// @param timeout deadline of each collective's work (all of its stages together)
   group_communicator(Inner inner, Cross cross, std::chrono::milliseconds timeout = default_timeout)
       : inner_(std::move(inner)), cross_(std::move(cross)), timeout_(timeout) {}
