@@ -27,8 +27,8 @@ using ddp::tensor_view;
 
 // Catch2's assertions are not thread-safe: a rank's thread throws instead, and run_groups
 // reports what each rank threw on the test's own thread.
-#define TREQUIRE(...)                                                                                   \
-  do {                                                                                                \
+#define TREQUIRE(...)                                                                                     \
+  do {                                                                                                    \
     if (!(__VA_ARGS__)) throw std::runtime_error("line " + std::to_string(__LINE__) + ": " #__VA_ARGS__); \
   } while (false)
 
@@ -156,7 +156,8 @@ TEST_CASE("group_communicator: broadcast, allgather, reduce_scatter and barrier 
       for (std::size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(me * 10 + static_cast<int>(j));
       c.allgather(ddp::view(in), ddp::view(out)).wait();
       for (int r = 0; r < n; ++r) {
-        for (std::size_t j = 0; j < 3; ++j) TREQUIRE(out[static_cast<std::size_t>(r) * 3 + j] == r * 10 + static_cast<int>(j));
+        for (std::size_t j = 0; j < 3; ++j)
+          TREQUIRE(out[static_cast<std::size_t>(r) * 3 + j] == r * 10 + static_cast<int>(j));
       }
       // In place: this rank's block of out is the input.
       std::vector<float> place(static_cast<std::size_t>(2 * n), -1.0f);
