@@ -103,9 +103,8 @@ class group_communicator {
     const op_info info = contract::check_broadcast(caller(), ts, root);
     auto views = std::make_shared<std::vector<tensor_view>>(ts.begin(), ts.end());
     const int k = inner_.size();
-    return detail::staged_work::start(
-        info, {[this, views, root, k] { return inner_.broadcast(*views, root % k); },
-               [this, views, root, k] { return cross_.broadcast(*views, root / k); }});
+    return detail::staged_work::start(info, {[this, views, root, k] { return inner_.broadcast(*views, root % k); },
+                                             [this, views, root, k] { return cross_.broadcast(*views, root / k); }});
   }
 
   /// Job rank r's `in` lands at `out[r * in.count]`: inside the group, then across the groups.
@@ -145,8 +144,8 @@ class group_communicator {
   /// rank of every group arrived).
   work barrier() {
     const op_info info = contract::check_barrier(caller());
-    return detail::staged_work::start(
-        info, {[this] { return inner_.barrier(); }, [this] { return cross_.barrier(); }, [this] { return inner_.barrier(); }});
+    return detail::staged_work::start(info, {[this] { return inner_.barrier(); }, [this] { return cross_.barrier(); },
+                                             [this] { return inner_.barrier(); }});
   }
 
   /// Aborts both communicators.
