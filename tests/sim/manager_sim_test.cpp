@@ -139,6 +139,7 @@ struct scenario {
   std::int64_t target = 12;                // steps every replica must reach once the faults stop
   std::chrono::milliseconds chaos{3000};   // faults happen before this (virtual time)
   std::chrono::milliseconds bound{20000};  // liveness: everything done by chaos + bound
+  ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  // manager_options::heal_over
 };
 
 // One simulated job: replicas, a supervisor that injects faults and restarts what died.
@@ -209,10 +210,13 @@ class job {
     o.heal_chunk_bytes = 16;
     o.progress = {};
     o.time = &sched_;
+    o.heal_over = sc_.heal_over;
     ddp::Manager m(
         st,
         [&](const ddp::quorum_info& q) {
-          return ddp::any_communicator(fab_.connect("g" + std::to_string(q.generation), q.rank, q.size, r));
+          const std::string route = q.heal_source >= 0 ? "/heal" + std::to_string(q.heal_source) : "";
+          if (!route.empty()) oracle_.log(id, "joins heal route g" + std::to_string(q.generation) + route);
+          return ddp::any_communicator(fab_.connect("g" + std::to_string(q.generation) + route, q.rank, q.size, r));
         },
         state, o);
     m.on_event([&](const ddp::manager_event& e) {
@@ -362,8 +366,8 @@ std::uint64_t env_or(const char* name, std::uint64_t fallback) {
 }
 
 // Runs one seed; on a violation, reports it with the trace's tail.
-bool run_seed(std::uint64_t seed, bool verbose) {
-  job j(seed, scenario{.replicas = 3 + static_cast<int>(seed % 3)});
+bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over) {
+  job j(seed, scenario{.replicas = 3 + static_cast<int>(seed % 3), .heal_over = heal_over});
   const auto violations = j.run();
   if (violations.empty() && !verbose) return true;
   std::ostringstream out;
@@ -374,7 +378,7 @@ bool run_seed(std::uint64_t seed, bool verbose) {
   for (std::size_t i = from; i < t.size(); ++i) out << "    " << t[i] << "\n";
   if (verbose) out << "closed member lists:\n" << j.generations();
   out << "replay: DDP_SIM_SEED=" << seed << " "
-      << "manager_sim\n";
+      << (heal_over == ddp::heal_transport::source_routes ? "DDP_SIM_ROUTES=1 " : "") << "manager_sim\n";
   std::fputs(out.str().c_str(), stderr);
   return violations.empty();
 }
@@ -383,7 +387,8 @@ bool run_seed(std::uint64_t seed, bool verbose) {
 // not taken yet. A seed is a job of its own (its scheduler, store, network and fibers live on the
 // thread that runs it, and share nothing), so which thread runs it changes nothing in it: its
 // replay alone (DDP_SIM_SEED) is the same run. Returns the seeds that failed, in order.
-std::vector<std::uint64_t> run_seeds(const std::vector<std::uint64_t>& seeds, const char* what) {
+std::vector<std::uint64_t> run_seeds(const std::vector<std::uint64_t>& seeds, const char* what,
+                                     ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast) {
   const auto cores = static_cast<std::uint64_t>(std::max(1u, std::thread::hardware_concurrency()));
   const auto jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(env_or("DDP_SIM_JOBS", cores), 1, 64));
   std::atomic<std::size_t> next{0};
@@ -391,7 +396,7 @@ std::vector<std::uint64_t> run_seeds(const std::vector<std::uint64_t>& seeds, co
   const auto work = [&] {
     for (std::size_t i = next++; i < seeds.size(); i = next++) {
       try {
-        ok[i] = run_seed(seeds[i], false);
+        ok[i] = run_seed(seeds[i], false, heal_over);
       } catch (const std::exception& e) {  // the simulation itself failed (no stack, ...)
         std::fprintf(stderr, "seed %llu: the simulation failed: %s\n", static_cast<unsigned long long>(seeds[i]),
                      e.what());
@@ -414,6 +419,11 @@ std::vector<std::uint64_t> run_seeds(const std::vector<std::uint64_t>& seeds, co
   return failed;
 }
 
+// The transport of a replay (DDP_SIM_SEED): source routes with DDP_SIM_ROUTES=1.
+ddp::heal_transport replay_transport() {
+  return env_or("DDP_SIM_ROUTES", 0) != 0 ? ddp::heal_transport::source_routes : ddp::heal_transport::quorum_broadcast;
+}
+
 std::string joined(const std::vector<std::uint64_t>& seeds) {
   std::string out;
   for (const std::uint64_t s : seeds) out += (out.empty() ? "" : " ") + std::to_string(s);
@@ -424,7 +434,7 @@ std::string joined(const std::vector<std::uint64_t>& seeds) {
 
 TEST_CASE("Manager under deterministic simulation: the invariants hold for every seed", "[sim][manager]") {
   if (const char* one = std::getenv("DDP_SIM_SEED")) {
-    CHECK(run_seed(std::strtoull(one, nullptr, 10), true));
+    CHECK(run_seed(std::strtoull(one, nullptr, 10), true, replay_transport()));
     return;
   }
   const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_SEEDS", default_seeds);
@@ -447,5 +457,18 @@ TEST_CASE("Manager simulation: the seeds that once failed still pass", "[sim][ma
   }
   const auto failed = run_seeds(seeds, "regression seeds");
   INFO(seeds.size() << " regression seeds, failed: " << joined(failed));
+  CHECK(failed.empty());
+}
+
+TEST_CASE("Manager simulation over source routes: the invariants hold for every seed", "[sim][manager]") {
+  if (std::getenv("DDP_SIM_SEED")) return;  // a replay runs that seed alone
+  // Healing over one communicator per source (heal_transport::source_routes): routes built while
+  // sources crash, stall and lose the store. Fewer seeds than the quorum broadcast's: what differs
+  // is only the heal's transport.
+  const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_ROUTES_SEEDS", default_seeds / 3);
+  std::vector<std::uint64_t> seeds;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) seeds.push_back(seed);
+  const auto failed = run_seeds(seeds, "seeds over source routes", ddp::heal_transport::source_routes);
+  INFO("failed seeds: " << failed.size() << " (" << joined(failed) << "); replay with DDP_SIM_ROUTES=1");
   CHECK(failed.empty());
 }
