@@ -32,7 +32,8 @@ using ddp::tensor_view;
     if (!(__VA_ARGS__)) throw std::runtime_error("line " + std::to_string(__LINE__) + ": " #__VA_ARGS__); \
   } while (false)
 
-// Forwards to a communicator and counts the elements of the allreduces issued through it.
+// Forwards to a communicator and counts the elements of the allreduces and broadcasts issued
+// through it.
 struct counted {
   ddp::local::communicator inner;
   std::atomic<std::size_t>* elements;
@@ -42,7 +43,10 @@ struct counted {
     for (const auto& t : ts) *elements += t.count;
     return inner.allreduce(ts, op);
   }
-  ddp::work broadcast(std::span<const tensor_view> ts, int root) { return inner.broadcast(ts, root); }
+  ddp::work broadcast(std::span<const tensor_view> ts, int root) {
+    for (const auto& t : ts) *elements += t.count;
+    return inner.broadcast(ts, root);
+  }
   ddp::work allgather(tensor_view in, tensor_view out) { return inner.allgather(in, out); }
   ddp::work reduce_scatter(tensor_view in, tensor_view out, ddp::reduce_op op) {
     return inner.reduce_scatter(in, out, op);
@@ -143,39 +147,46 @@ TEST_CASE("group_communicator: broadcast, allgather, reduce_scatter and barrier 
     const int groups = shape.first, k = shape.second;
     INFO(groups << " groups of " << k);
     const int n = groups * k;
-    run_groups(groups, k, [&](group_comm& c) {
-      const int me = c.rank();
-      for (int root = 0; root < n; ++root) {
-        std::vector<double> x(9, me == root ? 3.5 + root : -1.0);
-        std::vector<std::int64_t> y(2, me == root ? root : -1);
-        c.broadcast(std::vector<tensor_view>{ddp::view(x), ddp::view(y)}, root).wait();
-        for (const double v : x) TREQUIRE(v == 3.5 + root);
-        for (const auto v : y) TREQUIRE(v == root);
-      }
-      std::vector<float> in(3), out(static_cast<std::size_t>(3 * n));
-      for (std::size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(me * 10 + static_cast<int>(j));
-      c.allgather(ddp::view(in), ddp::view(out)).wait();
-      for (int r = 0; r < n; ++r) {
-        for (std::size_t j = 0; j < 3; ++j)
-          TREQUIRE(out[static_cast<std::size_t>(r) * 3 + j] == r * 10 + static_cast<int>(j));
-      }
-      // In place: this rank's block of out is the input.
-      std::vector<float> place(static_cast<std::size_t>(2 * n), -1.0f);
-      place[static_cast<std::size_t>(2 * me)] = static_cast<float>(me);
-      place[static_cast<std::size_t>(2 * me + 1)] = static_cast<float>(-me);
-      const tensor_view whole = ddp::view(place);
-      c.allgather(whole.slice(static_cast<std::size_t>(2 * me), 2), whole).wait();
-      for (int r = 0; r < n; ++r) {
-        TREQUIRE(place[static_cast<std::size_t>(2 * r)] == static_cast<float>(r));
-        TREQUIRE(place[static_cast<std::size_t>(2 * r + 1)] == static_cast<float>(-r));
-      }
-      // Block b of rank r's input is r * 100 + b: rank b gets sum_r (r * 100 + b) in every element.
-      std::vector<double> rin(static_cast<std::size_t>(4 * n)), rout(4);
-      for (std::size_t j = 0; j < rin.size(); ++j) rin[j] = me * 100 + static_cast<int>(j / 4);
-      c.reduce_scatter(ddp::view(rin), ddp::view(rout), ddp::reduce_op::sum).wait();
-      for (const double v : rout) TREQUIRE(v == 100.0 * n * (n - 1) / 2 + static_cast<double>(n) * me);
-      c.barrier().wait();
-    });
+    std::vector<std::atomic<std::size_t>> across(static_cast<std::size_t>(n));
+    run_groups(
+        groups, k,
+        [&](group_comm& c) {
+          const int me = c.rank();
+          for (int root = 0; root < n; ++root) {
+            std::vector<double> x(9, me == root ? 3.5 + root : -1.0);
+            std::vector<std::int64_t> y(2, me == root ? root : -1);
+            c.broadcast(std::vector<tensor_view>{ddp::view(x), ddp::view(y)}, root).wait();
+            for (const double v : x) TREQUIRE(v == 3.5 + root);
+            for (const auto v : y) TREQUIRE(v == root);
+          }
+          std::vector<float> in(3), out(static_cast<std::size_t>(3 * n));
+          for (std::size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(me * 10 + static_cast<int>(j));
+          c.allgather(ddp::view(in), ddp::view(out)).wait();
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t j = 0; j < 3; ++j)
+              TREQUIRE(out[static_cast<std::size_t>(r) * 3 + j] == r * 10 + static_cast<int>(j));
+          }
+          // In place: this rank's block of out is the input.
+          std::vector<float> place(static_cast<std::size_t>(2 * n), -1.0f);
+          place[static_cast<std::size_t>(2 * me)] = static_cast<float>(me);
+          place[static_cast<std::size_t>(2 * me + 1)] = static_cast<float>(-me);
+          const tensor_view whole = ddp::view(place);
+          c.allgather(whole.slice(static_cast<std::size_t>(2 * me), 2), whole).wait();
+          for (int r = 0; r < n; ++r) {
+            TREQUIRE(place[static_cast<std::size_t>(2 * r)] == static_cast<float>(r));
+            TREQUIRE(place[static_cast<std::size_t>(2 * r + 1)] == static_cast<float>(-r));
+          }
+          // Block b of rank r's input is r * 100 + b: rank b gets sum_r (r * 100 + b) in every element.
+          std::vector<double> rin(static_cast<std::size_t>(4 * n)), rout(4);
+          for (std::size_t j = 0; j < rin.size(); ++j) rin[j] = me * 100 + static_cast<int>(j / 4);
+          c.reduce_scatter(ddp::view(rin), ddp::view(rout), ddp::reduce_op::sum).wait();
+          for (const double v : rout) TREQUIRE(v == 100.0 * n * (n - 1) / 2 + static_cast<double>(n) * me);
+          c.barrier().wait();
+        },
+        &across);
+    // Each broadcast moves 9 f64 and 2 i64 (88 bytes): every rank carries its 1/k of them across.
+    for (int r = 0; r < n; ++r)
+      CHECK(across[static_cast<std::size_t>(r)].load() == static_cast<std::size_t>(n) * ((88 + k - 1) / k));
   }
 }
 

@@ -97,14 +97,35 @@ class group_communicator {
     });
   }
 
-  /// From job rank `root`: inside root's group first, then across the groups from it, on every
-  /// rank index (each index carries all of the bytes across).
+  /// From job rank `root`: inside root's group, then each rank index carries its 1/k of the bytes
+  /// across from root's group, then the other groups allgather their shards inside.
   work broadcast(std::span<const tensor_view> ts, int root) {
     const op_info info = contract::check_broadcast(caller(), ts, root);
-    auto views = std::make_shared<std::vector<tensor_view>>(ts.begin(), ts.end());
-    const int k = inner_.size();
-    return detail::staged_work::start(info, {[this, views, root, k] { return inner_.broadcast(*views, root % k); },
-                                             [this, views, root, k] { return cross_.broadcast(*views, root / k); }});
+    const int k = inner_.size(), root_group = root / k;
+    auto state = std::make_shared<broadcast_state>();
+    state->views.assign(ts.begin(), ts.end());
+    std::size_t bytes = 0;
+    for (const tensor_view& t : ts) bytes += t.bytes();
+    const std::size_t shard = (bytes + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
+    state->packed.resize(shard * static_cast<std::size_t>(k));
+    const tensor_view whole{state->packed.data(), state->packed.size(), dtype::u8, device::host()};
+    const tensor_view mine = whole.slice(shard * static_cast<std::size_t>(inner_.rank()), shard);
+    std::vector<detail::staged_work::stage> stages;
+    if (group() == root_group) {
+      stages.emplace_back([this, state, root, k] { return inner_.broadcast(state->views, root % k); });
+      stages.emplace_back([this, state, mine, root_group] {
+        state->pack();  // the group holds the root's bytes now
+        return cross_.broadcast(std::span<const tensor_view>(&mine, 1), root_group);
+      });
+    } else {
+      stages.emplace_back(
+          [this, mine, root_group] { return cross_.broadcast(std::span<const tensor_view>(&mine, 1), root_group); });
+      stages.emplace_back([this, mine, whole] { return inner_.allgather(mine, whole); });
+    }
+    const bool unpack = group() != root_group;
+    return detail::staged_work::start(info, std::move(stages), [state, unpack] {
+      if (unpack) state->unpack();
+    });
   }
 
   /// Job rank r's `in` lands at `out[r * in.count]`: inside the group, then across the groups.
@@ -155,6 +176,26 @@ class group_communicator {
   }
 
  private:
+  // A broadcast's tensors and their bytes packed (padded to a multiple of k).
+  struct broadcast_state {
+    std::vector<tensor_view> views;
+    std::vector<std::byte> packed;
+    void pack() {
+      std::size_t off = 0;
+      for (const tensor_view& t : views) {
+        if (t.count) std::memcpy(packed.data() + off, t.data, t.bytes());
+        off += t.bytes();
+      }
+    }
+    void unpack() const {
+      std::size_t off = 0;
+      for (const tensor_view& t : views) {
+        if (t.count) std::memcpy(t.data, packed.data() + off, t.bytes());
+        off += t.bytes();
+      }
+    }
+  };
+
   // One dtype's tensors of an allreduce, packed, and this rank's shard of them.
   struct dtype_run {
     dtype type;
