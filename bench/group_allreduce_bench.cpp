@@ -3,8 +3,10 @@
 // groups, allgather inside) against the same allreduce over all ranks at once, in one run:
 //   flat      ddp::mpi::communicator over the world (ddp's ring over every rank)
 //   world     ddp::shm::mpi::world(): shared memory inside a host, one leader per host across
-//   grouped   group_communicator<mpi inside the host, mpi across per rank index>
-//   grouped-shm  the same with ddp::shm inside the host (shared memory)
+//   grouped      group_communicator<mpi inside the host, mpi across per rank index>; inside, an
+//                allreduce of the whole buffer, then each rank's slice across (the default)
+//   grouped-rs   the same with a reduce-scatter inside (group_inner_reduction::reduce_scatter)
+//   grouped-shm  the default with ddp::shm inside the host (shared memory)
 // A group is a host (DDP_HOST under `ddp-run --hosts`; otherwise --group-size ranks in rank
 // order). Per size: the median over interleaved repetitions of the slowest rank's time, and what
 // each host sent across its link per allreduce (its interface's tx bytes, on test hosts).
@@ -74,6 +76,8 @@ int main(int argc, char** argv) {
     MPI_Comm_split(MPI_COMM_WORLD, index, group, &cross_comm);
     const ddp::mpi::options mo{.timeout = std::chrono::seconds(300)};
     ddp::group_communicator grouped(ddp::mpi::communicator(inner_comm, mo), ddp::mpi::communicator(cross_comm, mo));
+    ddp::group_communicator grouped_rs(ddp::mpi::communicator(inner_comm, mo), ddp::mpi::communicator(cross_comm, mo),
+                                       {.inner = ddp::group_inner_reduction::reduce_scatter});
     ddp::group_communicator grouped_shm(ddp::shm::mpi::make_communicator(inner_comm),
                                         ddp::mpi::communicator(cross_comm, mo));
     MPI_Comm_free(&inner_comm);
@@ -89,12 +93,13 @@ int main(int argc, char** argv) {
       for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoll(s));
     }
     const int reps = static_cast<int>(args.int_or("--reps", 5));
-    constexpr std::size_t variants = 4;
-    const char* names[variants] = {"flat", "world", "grouped", "grouped-shm"};
+    constexpr std::size_t variants = 5;
+    const char* names[variants] = {"flat", "world", "grouped", "grouped-rs", "grouped-shm"};
     const std::function<void(std::vector<float>&)> runs[variants] = {
         [&](std::vector<float>& v) { ddp::communicator_ref(flat).allreduce(v, ddp::reduce_op::sum).wait(); },
         [&](std::vector<float>& v) { ddp::communicator_ref(world).allreduce(v, ddp::reduce_op::sum).wait(); },
         [&](std::vector<float>& v) { ddp::communicator_ref(grouped).allreduce(v, ddp::reduce_op::sum).wait(); },
+        [&](std::vector<float>& v) { ddp::communicator_ref(grouped_rs).allreduce(v, ddp::reduce_op::sum).wait(); },
         [&](std::vector<float>& v) { ddp::communicator_ref(grouped_shm).allreduce(v, ddp::reduce_op::sum).wait(); },
     };
     bench::table t({{"MiB"}, {"variant"}, {"ms", 1}, {"MB a host sent across", 1}, {"vs flat", 2}});

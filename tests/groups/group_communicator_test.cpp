@@ -60,7 +60,8 @@ using group_comm = ddp::group_communicator<ddp::local::communicator, counted>;
 // Runs fn(comm) on G x k threads, rank g k + i holding inner "in<g>" (rank i) and cross "x<i>"
 // (rank g). `cross_elements[rank]` counts what each rank allreduced across.
 void run_groups(int groups, int k, const std::function<void(group_comm&)>& fn,
-                std::vector<std::atomic<std::size_t>>* cross_elements = nullptr) {
+                std::vector<std::atomic<std::size_t>>* cross_elements = nullptr,
+                ddp::group_inner_reduction inner_reduction = ddp::group_inner_reduction::allreduce) {
   ddp::local::fabric fabric(ddp::local::options{.timeout = std::chrono::seconds(20), .faults = {}});
   std::vector<std::atomic<std::size_t>> own(static_cast<std::size_t>(groups * k));
   auto& counts = cross_elements ? *cross_elements : own;
@@ -73,7 +74,8 @@ void run_groups(int groups, int k, const std::function<void(group_comm&)>& fn,
         try {
           auto inner = fabric.connect("in" + std::to_string(g), i, k);
           auto cross = fabric.connect("x" + std::to_string(i), g, groups);
-          group_comm c(std::move(inner), counted{std::move(cross), &counts[static_cast<std::size_t>(g * k + i)]});
+          group_comm c(std::move(inner), counted{std::move(cross), &counts[static_cast<std::size_t>(g * k + i)]},
+                       {.inner = inner_reduction});
           fn(c);
         } catch (const std::exception& e) {
           std::lock_guard lk(mu);
@@ -95,51 +97,54 @@ double value(int rank, std::size_t j) { return static_cast<double>((rank + 1) * 
 
 TEST_CASE("group_communicator: allreduce over G groups of k ranks is the flat allreduce, 1/k of it across",
           "[local][groups]") {
-  for (const auto& shape : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}, std::pair{1, 4}, std::pair{4, 1}}) {
-    const int groups = shape.first, k = shape.second;
-    INFO(groups << " groups of " << k);
-    const int n = groups * k;
-    std::vector<std::atomic<std::size_t>> across(static_cast<std::size_t>(n));
-    std::mutex mu;
-    std::vector<std::vector<double>> f64_results(static_cast<std::size_t>(n));
-    run_groups(
-        groups, k,
-        [&](group_comm& c) {
-          TREQUIRE(c.size() == n);
-          TREQUIRE(c.group_size() == k);
-          // Mixed dtypes, counts not multiples of k, an empty tensor.
-          std::vector<double> a(1001), e;
-          std::vector<float> b(7);
-          std::vector<std::int32_t> d(3);
-          for (std::size_t j = 0; j < a.size(); ++j) a[j] = value(c.rank(), j);
-          for (std::size_t j = 0; j < b.size(); ++j) b[j] = static_cast<float>(value(c.rank(), j + 5));
-          for (std::size_t j = 0; j < d.size(); ++j) d[j] = c.rank() * 10 + static_cast<int>(j);
-          const std::vector<tensor_view> ts{ddp::view(a), ddp::view(b), ddp::view(e), ddp::view(d)};
-          c.allreduce(ts, ddp::reduce_op::sum).wait();
-          for (std::size_t j = 0; j < a.size(); ++j) {
-            double want = 0;
-            for (int r = 0; r < n; ++r) want += value(r, j);
-            TREQUIRE(a[j] == want);
-          }
-          for (std::size_t j = 0; j < b.size(); ++j) {
-            double want = 0;
-            for (int r = 0; r < n; ++r) want += value(r, j + 5);
-            TREQUIRE(b[j] == static_cast<float>(want));
-          }
-          for (std::size_t j = 0; j < d.size(); ++j) TREQUIRE(d[j] == 10 * n * (n - 1) / 2 + n * static_cast<int>(j));
-          std::vector<double> m(5, static_cast<double>(c.rank()));
-          c.allreduce(std::vector<tensor_view>{ddp::view(m)}, ddp::reduce_op::max).wait();
-          for (const double x : m) TREQUIRE(x == n - 1);
-          std::lock_guard lk(mu);
-          f64_results[static_cast<std::size_t>(c.rank())] = a;
-        },
-        &across);
-    // Each rank sent ceil(count / k) of each dtype across: 1/k of the gradient (plus padding),
-    // then 5 elements' shard of the max.
-    const std::size_t per_rank = (1001 + k - 1) / k + (7 + k - 1) / k + (3 + k - 1) / k + (5 + k - 1) / k;
-    for (int r = 0; r < n; ++r) CHECK(across[static_cast<std::size_t>(r)].load() == per_rank);
-    for (const auto& v : f64_results) CHECK(v == f64_results.front());
-  }
+  for (const auto inner_reduction : {ddp::group_inner_reduction::allreduce, ddp::group_inner_reduction::reduce_scatter})
+    for (const auto& shape : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}, std::pair{1, 4}, std::pair{4, 1}}) {
+      const int groups = shape.first, k = shape.second;
+      INFO(groups << " groups of " << k
+                  << (inner_reduction == ddp::group_inner_reduction::allreduce ? ", inner allreduce"
+                                                                               : ", inner reduce-scatter"));
+      const int n = groups * k;
+      std::vector<std::atomic<std::size_t>> across(static_cast<std::size_t>(n));
+      std::mutex mu;
+      std::vector<std::vector<double>> f64_results(static_cast<std::size_t>(n));
+      run_groups(
+          groups, k,
+          [&](group_comm& c) {
+            TREQUIRE(c.size() == n);
+            TREQUIRE(c.group_size() == k);
+            // Mixed dtypes, counts not multiples of k, an empty tensor.
+            std::vector<double> a(1001), e;
+            std::vector<float> b(7);
+            std::vector<std::int32_t> d(3);
+            for (std::size_t j = 0; j < a.size(); ++j) a[j] = value(c.rank(), j);
+            for (std::size_t j = 0; j < b.size(); ++j) b[j] = static_cast<float>(value(c.rank(), j + 5));
+            for (std::size_t j = 0; j < d.size(); ++j) d[j] = c.rank() * 10 + static_cast<int>(j);
+            const std::vector<tensor_view> ts{ddp::view(a), ddp::view(b), ddp::view(e), ddp::view(d)};
+            c.allreduce(ts, ddp::reduce_op::sum).wait();
+            for (std::size_t j = 0; j < a.size(); ++j) {
+              double want = 0;
+              for (int r = 0; r < n; ++r) want += value(r, j);
+              TREQUIRE(a[j] == want);
+            }
+            for (std::size_t j = 0; j < b.size(); ++j) {
+              double want = 0;
+              for (int r = 0; r < n; ++r) want += value(r, j + 5);
+              TREQUIRE(b[j] == static_cast<float>(want));
+            }
+            for (std::size_t j = 0; j < d.size(); ++j) TREQUIRE(d[j] == 10 * n * (n - 1) / 2 + n * static_cast<int>(j));
+            std::vector<double> m(5, static_cast<double>(c.rank()));
+            c.allreduce(std::vector<tensor_view>{ddp::view(m)}, ddp::reduce_op::max).wait();
+            for (const double x : m) TREQUIRE(x == n - 1);
+            std::lock_guard lk(mu);
+            f64_results[static_cast<std::size_t>(c.rank())] = a;
+          },
+          &across, inner_reduction);
+      // Each rank sent ceil(count / k) of each dtype across: 1/k of the gradient (plus padding),
+      // then 5 elements' shard of the max.
+      const std::size_t per_rank = (1001 + k - 1) / k + (7 + k - 1) / k + (3 + k - 1) / k + (5 + k - 1) / k;
+      for (int r = 0; r < n; ++r) CHECK(across[static_cast<std::size_t>(r)].load() == per_rank);
+      for (const auto& v : f64_results) CHECK(v == f64_results.front());
+    }
 }
 
 TEST_CASE("group_communicator: broadcast, allgather, reduce_scatter and barrier in job rank order", "[local][groups]") {

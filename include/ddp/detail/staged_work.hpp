@@ -42,6 +42,15 @@ class staged_work final : public work_state {
     return true;
   }
 
+  /// Blocks in each stage's own backend wait (an MPI transfer across hosts moves only while its
+  /// backend waits or is tested; polling with back-off from here halved a link's rate), starting
+  /// the next stage as each completes. A stage that passes `deadline` throws its own
+  /// timeout_error, naming that collective.
+  bool wait_until(clock::time_point deadline) override {
+    while (!poll()) current_.wait_until(deadline);
+    return true;
+  }
+
   /// The stage in flight is given up (its backend stops touching its buffers); later stages never start.
   void abandon() noexcept override {
     next_ = stages_.size();
