@@ -14,59 +14,67 @@
 
 namespace ddp::detail {
 
-/// Free buffers, shared by the calls in flight (thread-safe).
+/// Host memory for staging, uninitialised (no pass over it before use).
+struct staging_block {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t capacity = 0;
+};
+
+/// Free blocks, shared by the calls in flight (thread-safe).
 class staging_pool {
  public:
-  /// How many free buffers are kept (the rest are released).
-  static constexpr std::size_t kept = 8;
+  /// How many free blocks are kept (the rest are released): enough for the buckets of a step.
+  static constexpr std::size_t kept = 32;
 
-  /// A buffer of `bytes` bytes: the smallest free one that holds them, else the largest resized,
-  /// else a new one. Contents unspecified.
-  [[nodiscard]] std::vector<std::byte> take(std::size_t bytes) {
-    std::vector<std::byte> b;
+  /// A block of at least `bytes` bytes: the smallest free one that holds them, else a new one.
+  /// Contents unspecified.
+  [[nodiscard]] staging_block take(std::size_t bytes) {
     {
       std::lock_guard lk(m_);
       auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it) {
-        const bool fits = it->capacity() >= bytes;
-        if (best == free_.end() || (fits && (best->capacity() < bytes || it->capacity() < best->capacity())) ||
-            (!fits && best->capacity() < bytes && it->capacity() > best->capacity())) {
-          best = it;
-        }
+        if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) best = it;
       }
       if (best != free_.end()) {
-        b = std::move(*best);
+        staging_block b = std::move(*best);
         free_.erase(best);
+        return b;
       }
     }
-    b.resize(bytes);
-    return b;
+    return {std::unique_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(bytes, 1)]), bytes};
   }
 
-  /// Gives `b` back for a later `take`.
-  void give(std::vector<std::byte> b) {
-    if (b.capacity() == 0) return;
+  /// Gives `b` back for a later `take`; the smallest block goes when more than `kept` are free.
+  void give(staging_block b) {
+    if (!b.bytes) return;
     std::lock_guard lk(m_);
-    if (free_.size() < kept) free_.push_back(std::move(b));
+    free_.push_back(std::move(b));
+    if (free_.size() > kept) {
+      free_.erase(std::min_element(free_.begin(), free_.end(), [](const staging_block& x, const staging_block& y) {
+        return x.capacity < y.capacity;
+      }));
+    }
   }
 
  private:
   std::mutex m_;
-  std::vector<std::vector<std::byte>> free_;
+  std::vector<staging_block> free_;
 };
 
-/// A buffer taken from a pool, given back when destroyed. Move-only.
+/// A block taken from a pool for `size()` bytes, given back when destroyed. Move-only.
 class pooled_buffer {
  public:
   pooled_buffer() = default;
   pooled_buffer(std::shared_ptr<staging_pool> pool, std::size_t bytes)
-      : pool_(std::move(pool)), bytes_(pool_->take(bytes)) {}
-  pooled_buffer(pooled_buffer&&) noexcept = default;
+      : pool_(std::move(pool)), block_(pool_->take(bytes)), size_(bytes) {}
+  pooled_buffer(pooled_buffer&& other) noexcept
+      : pool_(std::move(other.pool_)), block_(std::move(other.block_)), size_(other.size_) {}
   pooled_buffer& operator=(pooled_buffer&& other) noexcept {
     if (this != &other) {
       release();
       pool_ = std::move(other.pool_);
-      bytes_ = std::move(other.bytes_);
+      block_ = std::move(other.block_);
+      size_ = other.size_;
     }
     return *this;
   }
@@ -74,22 +82,23 @@ class pooled_buffer {
   pooled_buffer& operator=(const pooled_buffer&) = delete;
   ~pooled_buffer() { release(); }
 
-  [[nodiscard]] std::byte* data() noexcept { return bytes_.data(); }
-  [[nodiscard]] const std::byte* data() const noexcept { return bytes_.data(); }
-  [[nodiscard]] std::size_t size() const noexcept { return bytes_.size(); }
+  [[nodiscard]] std::byte* data() noexcept { return block_.bytes.get(); }
+  [[nodiscard]] const std::byte* data() const noexcept { return block_.bytes.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
   void release() noexcept {
     if (pool_) {
       try {
-        pool_->give(std::move(bytes_));
-      } catch (...) {  // a failed push_back only loses the buffer for reuse
+        pool_->give(std::move(block_));
+      } catch (...) {  // a failed push_back only loses the block for reuse
       }
       pool_.reset();
     }
   }
   std::shared_ptr<staging_pool> pool_;
-  std::vector<std::byte> bytes_;
+  staging_block block_;
+  std::size_t size_ = 0;
 };
 
 }  // namespace ddp::detail

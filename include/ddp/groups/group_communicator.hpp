@@ -3,8 +3,8 @@
 /// @brief `group_communicator`: the communicator of a job whose replicas are groups of ranks
 /// (torchft's fault-tolerant HSDP shape): fast collectives inside a group over `Inner`, and across
 /// the groups over `Cross`, one communicator per rank index joining the same-index ranks of every
-/// group. An allreduce is a reduce-scatter inside the group, an allreduce of this rank's shard
-/// across the groups and an allgather inside the group, so each rank sends 1/k of the data across
+/// group. An allreduce is a reduction inside the group, an allreduce of this rank's shard across
+/// the groups and an allgather inside the group, so each rank sends 1/k of the data across
 /// (k ranks a group) and a group's ranks use their links at once. It models `communicator`, so a
 /// Bucketer runs over it unchanged. docs/replica-groups.md.
 
@@ -57,20 +57,20 @@ class group_communicator {
   /// @param cross   over the ranks of this index in every group, in group order (its rank: the group)
   /// @param options the timeout of each collective, and how an allreduce reduces inside a group
   group_communicator(Inner inner, Cross cross, group_options options = {})
-      : inner_(std::move(inner)), cross_(std::move(cross)), opts_(options) {}
+      : p_(std::make_shared<parts>(parts{std::move(inner), std::move(cross)})), opts_(options) {}
 
   /// This rank in the job: group * group_size() + index in the group.
-  [[nodiscard]] int rank() const { return cross_.rank() * inner_.size() + inner_.rank(); }
+  [[nodiscard]] int rank() const { return p_->cross.rank() * p_->inner.size() + p_->inner.rank(); }
   /// Ranks of the job: groups * group_size().
-  [[nodiscard]] int size() const { return cross_.size() * inner_.size(); }
+  [[nodiscard]] int size() const { return p_->cross.size() * p_->inner.size(); }
   /// Ranks of a group (k).
-  [[nodiscard]] int group_size() const { return inner_.size(); }
+  [[nodiscard]] int group_size() const { return p_->inner.size(); }
   /// This rank's group (its rank across the groups).
-  [[nodiscard]] int group() const { return cross_.rank(); }
+  [[nodiscard]] int group() const { return p_->cross.rank(); }
   /// The communicator inside this rank's group.
-  [[nodiscard]] Inner& inner() noexcept { return inner_; }
+  [[nodiscard]] Inner& inner() noexcept { return p_->inner; }
   /// The communicator across the groups, of this rank's index.
-  [[nodiscard]] Cross& cross() noexcept { return cross_; }
+  [[nodiscard]] Cross& cross() noexcept { return p_->cross; }
 
   /// In place over every rank of every group: per dtype (in order of first appearance), the
   /// tensors packed (padded to a multiple of k), reduced inside the group (`group_options::inner`:
@@ -85,8 +85,8 @@ class group_communicator {
       if (run == runs->end()) run = runs->insert(runs->end(), dtype_run{t.type, {}, {}, {}});
       run->parts.push_back(t);
     }
-    const auto k = static_cast<std::size_t>(inner_.size());
-    std::vector<detail::staged_work::stage> stages;
+    const auto k = static_cast<std::size_t>(p_->inner.size());
+    std::vector<detail::stage_sequencer::stage> stages;
     for (dtype_run& run : *runs) {
       std::size_t n = 0;
       for (const tensor_view& t : run.parts) n += t.count;
@@ -100,20 +100,22 @@ class group_communicator {
       std::memset(run.packed.data() + off, 0, run.packed.size() - off);  // the padding: reduced, then dropped
       const tensor_view packed{run.packed.data(), shard * k, run.type, device::host()};
       if (opts_.inner == group_inner_reduction::allreduce) {  // my shard is my slice of the reduced buffer
-        const tensor_view mine = packed.slice(shard * static_cast<std::size_t>(inner_.rank()), shard);
+        const tensor_view mine = packed.slice(shard * static_cast<std::size_t>(p_->inner.rank()), shard);
         stages.emplace_back(
-            [this, packed, op] { return inner_.allreduce(std::span<const tensor_view>(&packed, 1), op); });
-        stages.emplace_back([this, mine, op] { return cross_.allreduce(std::span<const tensor_view>(&mine, 1), op); });
-        stages.emplace_back([this, packed, mine] { return inner_.allgather(mine, packed); });  // in place
+            [p = p_, packed, op] { return p->inner.allreduce(std::span<const tensor_view>(&packed, 1), op); });
+        stages.emplace_back(
+            [p = p_, mine, op] { return p->cross.allreduce(std::span<const tensor_view>(&mine, 1), op); });
+        stages.emplace_back([p = p_, packed, mine] { return p->inner.allgather(mine, packed); });  // in place
         continue;
       }
       run.shard = detail::pooled_buffer(pool_, shard * size_of(run.type));
       const tensor_view mine{run.shard.data(), shard, run.type, device::host()};
-      stages.emplace_back([this, packed, mine, op] { return inner_.reduce_scatter(packed, mine, op); });
-      stages.emplace_back([this, mine, op] { return cross_.allreduce(std::span<const tensor_view>(&mine, 1), op); });
-      stages.emplace_back([this, packed, mine] { return inner_.allgather(mine, packed); });
+      stages.emplace_back([p = p_, packed, mine, op] { return p->inner.reduce_scatter(packed, mine, op); });
+      stages.emplace_back(
+          [p = p_, mine, op] { return p->cross.allreduce(std::span<const tensor_view>(&mine, 1), op); });
+      stages.emplace_back([p = p_, packed, mine] { return p->inner.allgather(mine, packed); });
     }
-    return detail::staged_work::start(info, std::move(stages), [runs] {
+    return order_->start(info, std::move(stages), [runs] {
       for (const dtype_run& run : *runs) {
         std::size_t off = 0;
         for (const tensor_view& t : run.parts) {
@@ -128,7 +130,7 @@ class group_communicator {
   /// across from root's group, then the other groups allgather their shards inside.
   work broadcast(std::span<const tensor_view> ts, int root) {
     const op_info info = contract::check_broadcast(caller(), ts, root);
-    const int k = inner_.size(), root_group = root / k;
+    const int k = p_->inner.size(), root_group = root / k;
     auto state = std::make_shared<broadcast_state>();
     state->views.assign(ts.begin(), ts.end());
     std::size_t bytes = 0;
@@ -136,21 +138,22 @@ class group_communicator {
     const std::size_t shard = (bytes + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
     state->packed = detail::pooled_buffer(pool_, shard * static_cast<std::size_t>(k));
     const tensor_view whole{state->packed.data(), state->packed.size(), dtype::u8, device::host()};
-    const tensor_view mine = whole.slice(shard * static_cast<std::size_t>(inner_.rank()), shard);
-    std::vector<detail::staged_work::stage> stages;
+    const tensor_view mine = whole.slice(shard * static_cast<std::size_t>(p_->inner.rank()), shard);
+    std::vector<detail::stage_sequencer::stage> stages;
     if (group() == root_group) {
-      stages.emplace_back([this, state, root, k] { return inner_.broadcast(state->views, root % k); });
-      stages.emplace_back([this, state, mine, root_group] {
+      stages.emplace_back([p = p_, state, root, k] { return p->inner.broadcast(state->views, root % k); });
+      stages.emplace_back([p = p_, state, mine, root_group] {
         state->pack();  // the group holds the root's bytes now
-        return cross_.broadcast(std::span<const tensor_view>(&mine, 1), root_group);
+        return p->cross.broadcast(std::span<const tensor_view>(&mine, 1), root_group);
       });
     } else {
-      stages.emplace_back(
-          [this, mine, root_group] { return cross_.broadcast(std::span<const tensor_view>(&mine, 1), root_group); });
-      stages.emplace_back([this, mine, whole] { return inner_.allgather(mine, whole); });
+      stages.emplace_back([p = p_, mine, root_group] {
+        return p->cross.broadcast(std::span<const tensor_view>(&mine, 1), root_group);
+      });
+      stages.emplace_back([p = p_, mine, whole] { return p->inner.allgather(mine, whole); });
     }
     const bool unpack = group() != root_group;
-    return detail::staged_work::start(info, std::move(stages), [state, unpack] {
+    return order_->start(info, std::move(stages), [state, unpack] {
       if (unpack) state->unpack();
     });
   }
@@ -158,13 +161,14 @@ class group_communicator {
   /// Job rank r's `in` lands at `out[r * in.count]`: inside the group, then across the groups.
   work allgather(tensor_view in, tensor_view out) {
     const op_info info = contract::check_allgather(caller(), in, out);
-    auto group = std::make_shared<detail::pooled_buffer>(pool_, in.bytes() * static_cast<std::size_t>(inner_.size()));
-    const tensor_view mine_group{group->data(), in.count * static_cast<std::size_t>(inner_.size()), in.type,
+    auto group =
+        std::make_shared<detail::pooled_buffer>(pool_, in.bytes() * static_cast<std::size_t>(p_->inner.size()));
+    const tensor_view mine_group{group->data(), in.count * static_cast<std::size_t>(p_->inner.size()), in.type,
                                  device::host()};
     // `in` may be this rank's block of `out` (the in-place form): the first stage reads it before
     // the second writes `out`.
-    return detail::staged_work::start(info, {[this, in, mine_group, group] { return inner_.allgather(in, mine_group); },
-                                             [this, mine_group, out] { return cross_.allgather(mine_group, out); }});
+    return order_->start(info, {[p = p_, in, mine_group, group] { return p->inner.allgather(in, mine_group); },
+                                [p = p_, mine_group, out] { return p->cross.allgather(mine_group, out); }});
   }
 
   /// Job rank r gets block r of the reduction: the blocks regrouped by index in the group, reduced
@@ -172,7 +176,7 @@ class group_communicator {
   /// reduced and scattered across the groups.
   work reduce_scatter(tensor_view in, tensor_view out, reduce_op op) {
     const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
-    const auto k = static_cast<std::size_t>(inner_.size()), groups = static_cast<std::size_t>(cross_.size());
+    const auto k = static_cast<std::size_t>(p_->inner.size()), groups = static_cast<std::size_t>(p_->cross.size());
     const std::size_t block = out.bytes();
     auto by_index = std::make_shared<detail::pooled_buffer>(pool_, in.bytes());
     auto column = std::make_shared<detail::pooled_buffer>(pool_, block * groups);
@@ -183,23 +187,23 @@ class group_communicator {
     }
     const tensor_view regrouped{by_index->data(), in.count, in.type, device::host()};
     const tensor_view mine{column->data(), out.count * groups, in.type, device::host()};
-    return detail::staged_work::start(
-        info, {[this, regrouped, mine, op, by_index] { return inner_.reduce_scatter(regrouped, mine, op); },
-               [this, mine, out, op, column] { return cross_.reduce_scatter(mine, out, op); }});
+    return order_->start(
+        info, {[p = p_, regrouped, mine, op, by_index] { return p->inner.reduce_scatter(regrouped, mine, op); },
+               [p = p_, mine, out, op, column] { return p->cross.reduce_scatter(mine, out, op); }});
   }
 
   /// Inside the group, across the groups, inside the group again (so no rank leaves before every
   /// rank of every group arrived).
   work barrier() {
     const op_info info = contract::check_barrier(caller());
-    return detail::staged_work::start(info, {[this] { return inner_.barrier(); }, [this] { return cross_.barrier(); },
-                                             [this] { return inner_.barrier(); }});
+    return order_->start(info, {[p = p_] { return p->inner.barrier(); }, [p = p_] { return p->cross.barrier(); },
+                                [p = p_] { return p->inner.barrier(); }});
   }
 
   /// Aborts both communicators.
   void abort() noexcept {
-    inner_.abort();
-    cross_.abort();
+    p_->inner.abort();
+    p_->cross.abort();
   }
 
  private:
@@ -231,15 +235,21 @@ class group_communicator {
   };
 
   [[nodiscard]] contract::caller caller() {
-    return {rank(), size(), seq_++, opts_.timeout,
+    return {rank(), size(), calls_++, opts_.timeout,
             contract::memory_rule::host("group_communicator", "it stages through host memory")};
   }
 
-  Inner inner_;
-  Cross cross_;
+  // Shared with the stages in flight, so that moving the communicator leaves them valid.
+  struct parts {
+    Inner inner;
+    Cross cross;
+  };
+  std::shared_ptr<parts> p_;
   group_options opts_;
-  std::uint64_t seq_ = 0;
+  std::uint64_t calls_ = 0;
   std::shared_ptr<detail::staging_pool> pool_ = std::make_shared<detail::staging_pool>();
+  // Every collective's stages are issued in call order on every rank (detail/staged_work.hpp).
+  std::shared_ptr<detail::stage_sequencer> order_ = std::make_shared<detail::stage_sequencer>();
 };
 
 }  // namespace ddp

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,6 +74,13 @@ class heal_routes {
   }
   heal_routes(const heal_routes&) = delete;
   heal_routes& operator=(const heal_routes&) = delete;
+  /// Destroyed by an exception (a transfer or the hash check failed), it aborts every route first:
+  /// a route whose broadcast still waits on a dead peer must not be destroyed as healthy (NCCL's
+  /// destroy would wait for it).
+  ~heal_routes() {
+    if (std::uncaught_exceptions() <= unwinding_) return;
+    for (any_communicator& c : comms_) c.abort();
+  }
 
   /// Lane s: source s's route, or none where this member takes no part in it.
   [[nodiscard]] std::span<const heal_lane> lanes() const noexcept { return lanes_; }
@@ -81,6 +89,7 @@ class heal_routes {
   std::vector<std::unique_ptr<stores::prefix_store<store_ref>>> stores_;
   std::vector<any_communicator> comms_;
   std::vector<heal_lane> lanes_;
+  int unwinding_ = std::uncaught_exceptions();  // exceptions in flight when the heal began
 };
 
 }  // namespace ddp::detail
