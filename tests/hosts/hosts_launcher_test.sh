@@ -94,7 +94,7 @@ while True:
     b = c.recv(1 << 20)
     if not b: break
     n += len(b)
-c.sendall(b"k"); print("received", n, flush=True)' &
+print("received %d" % n, flush=True); c.sendall(b"k")' &  # printed before h1 can print
 sleep 0.5
 "$TOOL" exec "$DDP_HOSTS_ID" h1 python3 -c '
 import socket, time
