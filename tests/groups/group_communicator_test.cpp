@@ -196,7 +196,7 @@ TEST_CASE("group_communicator: broadcast, allgather, reduce_scatter and barrier 
 }
 
 // Stages after the first start when a handle is tested; ranks that test in different orders
-// must still issue every stage in one order (detail/staged_work.hpp).
+// must still issue every stage in one order (detail/stage_sequencer.hpp).
 TEST_CASE("group_communicator: collectives in flight together, waited in different orders on different ranks",
           "[local][groups]") {
   for (const auto inner_reduction :

@@ -20,9 +20,10 @@
 
 #include <ddp/backend_contract.hpp>
 #include <ddp/communicator.hpp>
-#include <ddp/detail/staged_work.hpp>
+#include <ddp/detail/stage_sequencer.hpp>
 #include <ddp/detail/staging_pool.hpp>
 #include <ddp/error.hpp>
+#include <ddp/shm/tensor_group.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
 
@@ -81,24 +82,21 @@ class group_communicator {
     auto runs = std::make_shared<std::vector<dtype_run>>();
     for (const tensor_view& t : ts) {
       if (t.count == 0) continue;
-      auto run = std::find_if(runs->begin(), runs->end(), [&](const dtype_run& r) { return r.type == t.type; });
-      if (run == runs->end()) run = runs->insert(runs->end(), dtype_run{t.type, {}, {}, {}});
-      run->parts.push_back(t);
+      auto run = std::find_if(runs->begin(), runs->end(), [&](const dtype_run& r) { return r.group.type == t.type; });
+      if (run == runs->end()) {
+        run = runs->emplace(runs->end());
+        run->group.type = t.type;
+      }
+      run->group.add(t);
     }
     const auto k = static_cast<std::size_t>(p_->inner.size());
     std::vector<detail::stage_sequencer::stage> stages;
     for (dtype_run& run : *runs) {
-      std::size_t n = 0;
-      for (const tensor_view& t : run.parts) n += t.count;
-      const std::size_t shard = (n + k - 1) / k;
-      run.packed = detail::pooled_buffer(pool_, shard * k * size_of(run.type));
-      std::size_t off = 0;
-      for (const tensor_view& t : run.parts) {
-        std::memcpy(run.packed.data() + off, t.data, t.bytes());
-        off += t.bytes();
-      }
-      std::memset(run.packed.data() + off, 0, run.packed.size() - off);  // the padding: reduced, then dropped
-      const tensor_view packed{run.packed.data(), shard * k, run.type, device::host()};
+      const std::size_t n = run.group.total, shard = (n + k - 1) / k, elem = size_of(run.group.type);
+      run.packed = detail::pooled_buffer(pool_, shard * k * elem);
+      run.group.copy_out(0, n, run.packed.data());
+      std::memset(run.packed.data() + n * elem, 0, (shard * k - n) * elem);  // the padding: reduced, then dropped
+      const tensor_view packed{run.packed.data(), shard * k, run.group.type, device::host()};
       if (opts_.inner == group_inner_reduction::allreduce) {  // my shard is my slice of the reduced buffer
         const tensor_view mine = packed.slice(shard * static_cast<std::size_t>(p_->inner.rank()), shard);
         stages.emplace_back(
@@ -108,21 +106,15 @@ class group_communicator {
         stages.emplace_back([p = p_, packed, mine] { return p->inner.allgather(mine, packed); });  // in place
         continue;
       }
-      run.shard = detail::pooled_buffer(pool_, shard * size_of(run.type));
-      const tensor_view mine{run.shard.data(), shard, run.type, device::host()};
+      run.shard = detail::pooled_buffer(pool_, shard * elem);
+      const tensor_view mine{run.shard.data(), shard, run.group.type, device::host()};
       stages.emplace_back([p = p_, packed, mine, op] { return p->inner.reduce_scatter(packed, mine, op); });
       stages.emplace_back(
           [p = p_, mine, op] { return p->cross.allreduce(std::span<const tensor_view>(&mine, 1), op); });
       stages.emplace_back([p = p_, packed, mine] { return p->inner.allgather(mine, packed); });
     }
     return order_->start(info, std::move(stages), [runs] {
-      for (const dtype_run& run : *runs) {
-        std::size_t off = 0;
-        for (const tensor_view& t : run.parts) {
-          std::memcpy(t.data, run.packed.data() + off, t.bytes());
-          off += t.bytes();
-        }
-      }
+      for (const dtype_run& run : *runs) run.group.copy_in(0, run.group.total, run.packed.data());
     });
   }
 
@@ -132,16 +124,17 @@ class group_communicator {
     const op_info info = contract::check_broadcast(caller(), ts, root);
     const int k = p_->inner.size(), root_group = root / k;
     auto state = std::make_shared<broadcast_state>();
-    state->views.assign(ts.begin(), ts.end());
-    std::size_t bytes = 0;
-    for (const tensor_view& t : ts) bytes += t.bytes();
-    const std::size_t shard = (bytes + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
+    state->bytes.type = dtype::u8;  // any dtypes: moved as bytes
+    for (const tensor_view& t : ts) {
+      if (t.count) state->bytes.add({t.data, t.bytes(), dtype::u8, t.where});
+    }
+    const std::size_t shard = (state->bytes.total + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
     state->packed = detail::pooled_buffer(pool_, shard * static_cast<std::size_t>(k));
     const tensor_view whole{state->packed.data(), state->packed.size(), dtype::u8, device::host()};
     const tensor_view mine = whole.slice(shard * static_cast<std::size_t>(p_->inner.rank()), shard);
     std::vector<detail::stage_sequencer::stage> stages;
     if (group() == root_group) {
-      stages.emplace_back([p = p_, state, root, k] { return p->inner.broadcast(state->views, root % k); });
+      stages.emplace_back([p = p_, state, root, k] { return p->inner.broadcast(state->bytes.parts, root % k); });
       stages.emplace_back([p = p_, state, mine, root_group] {
         state->pack();  // the group holds the root's bytes now
         return p->cross.broadcast(std::span<const tensor_view>(&mine, 1), root_group);
@@ -207,30 +200,17 @@ class group_communicator {
   }
 
  private:
-  // A broadcast's tensors and their bytes packed (padded to a multiple of k).
+  // A broadcast's tensors (as bytes) and their bytes packed (padded to a multiple of k).
   struct broadcast_state {
-    std::vector<tensor_view> views;
+    shm::tensor_group bytes;
     detail::pooled_buffer packed;
-    void pack() {
-      std::size_t off = 0;
-      for (const tensor_view& t : views) {
-        if (t.count) std::memcpy(packed.data() + off, t.data, t.bytes());
-        off += t.bytes();
-      }
-    }
-    void unpack() const {
-      std::size_t off = 0;
-      for (const tensor_view& t : views) {
-        if (t.count) std::memcpy(t.data, packed.data() + off, t.bytes());
-        off += t.bytes();
-      }
-    }
+    void pack() { bytes.copy_out(0, bytes.total, packed.data()); }
+    void unpack() const { bytes.copy_in(0, bytes.total, packed.data()); }
   };
 
-  // One dtype's tensors of an allreduce, packed, and this rank's shard of them.
+  // One dtype's tensors of an allreduce as one sequence, packed, and this rank's shard of them.
   struct dtype_run {
-    dtype type;
-    std::vector<tensor_view> parts;
+    shm::tensor_group group;
     detail::pooled_buffer packed, shard;
   };
 
@@ -248,7 +228,7 @@ class group_communicator {
   group_options opts_;
   std::uint64_t calls_ = 0;
   std::shared_ptr<detail::staging_pool> pool_ = std::make_shared<detail::staging_pool>();
-  // Every collective's stages are issued in call order on every rank (detail/staged_work.hpp).
+  // Every collective's stages are issued in call order on every rank (detail/stage_sequencer.hpp).
   std::shared_ptr<detail::stage_sequencer> order_ = std::make_shared<detail::stage_sequencer>();
 };
 

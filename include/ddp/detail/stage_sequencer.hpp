@@ -1,5 +1,5 @@
 #pragma once
-/// @file detail/staged_work.hpp
+/// @file detail/stage_sequencer.hpp
 /// @brief `stage_sequencer`: non-blocking operations each made of collectives that must run one
 /// after another (a reduce-scatter, then an allreduce of its result, then an allgather), issued in
 /// one order on every rank. Used by `group_communicator` (groups/group_communicator.hpp). Not for
