@@ -35,6 +35,7 @@
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/describe_exception.hpp>
+#include <ddp/detail/step_errors.hpp>
 #include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/manager/decision.hpp>
@@ -56,6 +57,9 @@
 #include <ddp/work.hpp>
 
 namespace ddp {
+
+template <communicator Inner>
+class GroupManager;
 
 /// One replica's side of the fault-tolerance protocol (docs/fault-tolerance.md). Models
 /// `communicator`: collectives issued through it go to the current quorum's communicator and
@@ -92,10 +96,7 @@ class Manager {
   /// @throws manager_error if no quorum could be formed within `quorum_timeout`
   void start_quorum() {
     if (refused_) std::rethrow_exception(refused_);  // told once: its layout or step is wrong
-    {
-      std::lock_guard lk(error_mutex_);
-      error_ = nullptr;
-    }
+    errors_.clear();
     heartbeat(false);
     if (needs_quorum_ || !comm_) form_quorum();
     poll_join_requests();
@@ -225,6 +226,9 @@ class Manager {
   /// every quorum (each has its own communicator and stream): a component that reads it once
   /// (a Bucketer, at construction) sees only the queue of that moment.
   [[nodiscard]] ddp::device_queue device_queue() const { return comm_ ? comm_.device_queue() : ddp::device_queue{}; }
+  /// Fails this step with `e`, an error the Manager did not see (a collective outside it, another
+  /// rank of a replica group): the vote refuses the step, as for a captured one.
+  void report_error(std::exception_ptr e) { capture(std::move(e)); }
   /// Aborts the current quorum's communicator; the next `start_quorum()` forms a new one.
   void abort() noexcept {
     if (comm_) comm_.abort();
@@ -248,72 +252,29 @@ class Manager {
   /// True unless `participant_rank()` is -1.
   [[nodiscard]] bool participating() const noexcept { return participant_rank_ >= 0; }
   /// True once an error was captured in this step.
-  [[nodiscard]] bool failed() const {
-    std::lock_guard lk(error_mutex_);
-    return error_ != nullptr;
-  }
+  [[nodiscard]] bool failed() const { return errors_.failed(); }
   /// The first error captured in this step, or null.
-  [[nodiscard]] std::exception_ptr error() const {
-    std::lock_guard lk(error_mutex_);
-    return error_;
-  }
+  [[nodiscard]] std::exception_ptr error() const { return errors_.error(); }
   /// Counters since construction.
   [[nodiscard]] const manager_stats& stats() const noexcept { return stats_; }
   /// The options.
   [[nodiscard]] const manager_options& options() const noexcept { return opts_; }
 
  private:
-  // A work whose failure is recorded in the Manager instead of thrown: the gradients may be
-  // garbage, but should_commit() will refuse the step on every replica.
-  class captured_work final : public work_state {
-   public:
-    captured_work(work inner, Manager* m, op_info info) : work_state(info), inner_(std::move(inner)), m_(m) {}
-    bool poll() override {
-      try {
-        return inner_.test();
-      } catch (...) {
-        m_->capture(std::current_exception());
-        return true;
-      }
-    }
-    bool wait_until(clock::time_point deadline) override {
-      try {
-        inner_.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
-      } catch (...) {
-        m_->capture(std::current_exception());
-      }
-      return true;
-    }
-
-   private:
-    work inner_;
-    Manager* m_;
-  };
+  template <communicator Inner>
+  friend class GroupManager;  // the leader of a replica group sets group_heal_
 
   template <class Issue>
   work forward(Issue&& issue, const char* name) {
-    if (failed() || !comm_) return work::ready();  // the step is lost anyway: skip, don't block
-    op_info info;
-    info.rank = rank_;
-    info.name = name;
-    info.timeout = std::chrono::hours(24);  // the inner work carries the real deadline
-    try {
-      return work(std::make_unique<captured_work>(issue(), this, info));
-    } catch (...) {
-      capture(std::current_exception());
-      return work::ready();
-    }
+    return errors_.forward(static_cast<bool>(comm_), rank_, name, std::forward<Issue>(issue));
   }
 
-  void capture(std::exception_ptr e) {
-    {
-      std::lock_guard lk(error_mutex_);
-      if (error_) return;
-      error_ = e;
-    }
+  void capture(std::exception_ptr e) { errors_.capture(std::move(e)); }
+
+  // The step's first error: tell every peer now (their pending collectives on this communicator
+  // fail instead of waiting for their timeout).
+  void on_first_error() {
     needs_quorum_ = true;
-    // Tell every peer now: their pending collectives on this communicator fail instead of
-    // waiting for their timeout.
     if (comm_) comm_.abort();
     emit(manager_event::kind::error, describe_error());
   }
@@ -415,6 +376,9 @@ class Manager {
           return;
         }
       } catch (const detail::state_placement_error&) {  // the same on every attempt: fail now
+        drop_communicator();
+        throw;
+      } catch (const replica_group_error&) {  // a rank of this replica group is gone: the group restarts
         drop_communicator();
         throw;
       } catch (const ddp::error& e) {  // a dead peer, a group that formed without us, a slow store: try again
@@ -527,12 +491,16 @@ class Manager {
     // From its first received byte until the hash check passes, a receiver holds nothing: it
     // reports "needs healing" to every later quorum, never serves as a source, keeps its step.
     if (receiving) needs_heal_ = true;
-    // The routes live until the check is over: a source's route outlives its receivers' last bytes.
-    const detail::heal_routes routes(opts_.heal_over, factory_, comm_, store_ref(*comm_store_), generation_, sources,
-                                     rank_, members_, st, opts_.heal_chunk_bytes);
-    const detail::healed_state healed =  // hashed as the transfers land: no second pass for the check
-        detail::heal_state(comm_, routes.lanes(), st, sources.front(), max_step, opts_.heal_chunk_bytes, meter, rank_);
-    detail::check_same_state(comm_, healed.hash, members_, rank_);
+    if (group_heal_.begins) group_heal_.begins(sources, max_step);  // the group's other ranks heal alongside
+    detail::healed_state healed;
+    try {
+      healed = detail::heal_member(opts_.heal_over, factory_, comm_, store_ref(*comm_store_), generation_, sources, rank_,
+                                   members_, st, max_step, opts_.heal_chunk_bytes, meter);
+    } catch (...) {
+      if (group_heal_.ends) group_heal_.ends(false);  // throws replica_group_error if the group broke
+      throw;
+    }
+    if (group_heal_.ends) group_heal_.ends(true);  // throws unless every rank of the group healed
     const std::size_t moved = healed.moved;
     if (receiving) {
       step_ = max_step;
@@ -585,9 +553,8 @@ class Manager {
   clock::time_point last_heartbeat_{};
   clock::time_point last_join_poll_{};
   manager_stats stats_;
-
-  mutable std::mutex error_mutex_;
-  std::exception_ptr error_;
+  detail::group_heal_hooks group_heal_;  // set by a replica group's leader (GroupManager)
+  detail::step_errors errors_{[this](const std::exception_ptr&) { on_first_error(); }};
 };
 
 static_assert(communicator<Manager>);

@@ -18,6 +18,7 @@
 #include <ddp/any_communicator.hpp>
 #include <ddp/manager/heal.hpp>
 #include <ddp/manager/options.hpp>
+#include <ddp/progress.hpp>
 #include <ddp/store.hpp>
 #include <ddp/stores/prefix_store.hpp>
 
@@ -38,7 +39,8 @@ class heal_routes {
   /// @throws state_placement_error if a route cannot heal device state (check_state_placement)
   heal_routes(heal_transport over, const communicator_factory& factory, any_communicator& quorum,
               store_ref generation_store, std::uint64_t generation, const std::vector<int>& sources, int rank,
-              const std::vector<std::string>& members, const state_view& state, std::size_t chunk_bytes) {
+              const std::vector<std::string>& members, const state_view& state, std::size_t chunk_bytes)
+      : generation_store_(generation_store) {
     const std::size_t transfers = plan_transfers(state.tensors, chunk_bytes).size();
     if (over == heal_transport::quorum_broadcast || sources.size() <= 1) {
       lanes_ = quorum_lanes(quorum, sources);
@@ -65,7 +67,7 @@ class heal_routes {
         if (receivers[i] == rank) route.rank = static_cast<int>(i) + 1;
       }
       stores_.push_back(
-          std::make_unique<stores::prefix_store<store_ref>>(generation_store, "heal" + std::to_string(s) + "/"));
+          std::make_unique<stores::prefix_store<store_ref>>(generation_store_, "heal" + std::to_string(s) + "/"));
       route.store = store_ref(*stores_.back());
       comms_.push_back(factory(route));
       check_state_placement(state.tensors, comms_.back(), rank, generation);
@@ -86,10 +88,27 @@ class heal_routes {
   [[nodiscard]] std::span<const heal_lane> lanes() const noexcept { return lanes_; }
 
  private:
+  store_ref generation_store_;  // the routes' namespaces refer to it: it outlives them
   std::vector<std::unique_ptr<stores::prefix_store<store_ref>>> stores_;
   std::vector<any_communicator> comms_;
   std::vector<heal_lane> lanes_;
   int unwinding_ = std::uncaught_exceptions();  // exceptions in flight when the heal began
 };
+
+/// One member's part of a heal of `state` to the step `step`: the transfers over the lanes of
+/// `over` (heal_routes), then the hash check over the quorum. Collective over the quorum.
+/// @throws communication_error if a transfer fails or the states differ after it
+inline healed_state heal_member(heal_transport over, const communicator_factory& factory, any_communicator& quorum,
+                                store_ref generation_store, std::uint64_t generation, const std::vector<int>& sources,
+                                int rank, const std::vector<std::string>& members, const state_view& state,
+                                std::int64_t step, std::size_t chunk_bytes, progress_meter& meter) {
+  // The routes live until the check is over: a source's route outlives its receivers' last bytes.
+  const heal_routes routes(over, factory, quorum, generation_store, generation, sources, rank, members, state,
+                           chunk_bytes);
+  // Hashed as the transfers land: no second pass for the check.
+  const healed_state healed = heal_state(quorum, routes.lanes(), state, sources.front(), step, chunk_bytes, meter, rank);
+  check_same_state(quorum, healed.hash, members, rank);
+  return healed;
+}
 
 }  // namespace ddp::detail

@@ -130,4 +130,21 @@ class manager_error : public communication_error {
   using communication_error::communication_error;
 };
 
+/// A rank of this replica group failed or left (GroupManager): the group shares its fate, so every
+/// rank of it stops, and the group restarts as one replica.
+class replica_group_error : public communication_error {
+ public:
+  using communication_error::communication_error;
+};
+
+namespace detail {
+/// How a replica group's leader tells the group's other ranks of a heal (GroupManager): `begins`
+/// before the transfers, with the sources and the step; `ends` after, with whether this rank's
+/// part passed, throwing `replica_group_error` unless every rank's did.
+struct group_heal_hooks {
+  std::function<void(const std::vector<int>& sources, std::int64_t step)> begins;
+  std::function<void(bool ok)> ends;
+};
+}  // namespace detail
+
 }  // namespace ddp
