@@ -7,6 +7,9 @@
 //   host can reach neither its peers nor the store, so it forms no quorum of its own); the link
 //   restored: the host's replica rejoins, heals and ends with the survivors' bits;
 // - a host's processes killed and its replica restarted: the others go on; it heals and rejoins.
+// And replica groups (GroupManager, tests/gloo/group_trainer.hpp), one group of two processes per
+// host: one process killed, its host's group leaves, the others go on; the group restarts and
+// heals by shard across the network.
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -26,6 +29,7 @@
 #include <ddp/stores/file_store.hpp>
 #include <ddp/stores/redis_store.hpp>
 
+#include "../gloo/group_trainer.hpp"
 #include "../gloo/manager_trainer.hpp"
 #include "../gloo/process_group.hpp"
 #include "../gloo/redis_server.hpp"
@@ -336,4 +340,52 @@ TEST_CASE("Manager across hosts: a hot spare replaces a killed host's replica wi
   }
   CHECK(spare_contributed);
   CHECK(last_commit(records.path(), ids[static_cast<std::size_t>(victim)], last + 1) >= end_at - 1);
+}
+
+// One group of two processes per host. h2's second process SIGKILLs itself; h2's first stops
+// (shared fate); h1 and h3 commit without h2's group; h2's group restarts (two fresh processes),
+// heals by shard from h1 and h3 at once (routes across the network) and ends with their bits.
+TEST_CASE("GroupManager across hosts: a rank killed takes its host's group out; restarted, it heals by shard",
+          "[hosts][groups]") {
+  temp_dir records("hosts-groups-kill");
+  redis_on_h1 redis;
+  constexpr std::int64_t kill_at = 10, end_at = 40;
+  const auto done = [&](std::int64_t s, const std::vector<std::string>& members) {
+    return s >= end_at && members.size() == 3;
+  };
+  const auto rank_on = [&](const std::string& host, int index, int incarnation, std::int64_t start_after,
+                           const gloo_test::reporter& out) {
+    enter_host(host);
+    auto store = connect_store();
+    const gloo_test::group_rank me{.group = host, .index = index, .group_size = 2, .incarnation = incarnation};
+    const bool doomed = host == "h2" && incarnation == 0;
+    try {
+      gloo_test::train_group_rank(store, setup_for(records.path(), 0, ddp::heal_transport::source_routes), me,
+                                  start_after, done, [&](std::int64_t s) {
+                                    if (doomed && index == 1 && s == kill_at) ::raise(SIGKILL);
+                                  });
+    } catch (const ddp::error& e) {
+      if (!doomed) throw;
+      out.set("left", e.what());
+    }
+  };
+  gloo_test::process_group job(6, [&](int child, const gloo_test::reporter& out) {
+    rank_on("h" + std::to_string(child / 2 + 1), child % 2, 0, 0, out);
+  });
+  REQUIRE(wait_progress(records.path(), kill_at + 8, 60s));  // h1 and h3 went on without h2
+  gloo_test::process_group restarted(2, [&](int child, const gloo_test::reporter& out) {
+    rank_on("h2", child, 1, 0, out);
+  });
+  const auto outs = job.wait_all(90s);
+  const auto again = restarted.wait_all(60s);
+  INFO(gloo_test::describe_all(outs) << "\nrestarted h2: " << gloo_test::describe_all(again));
+  CHECK((!outs[3].exited && outs[3].signal == SIGKILL));
+  CHECK(outs[2].ok());
+  CHECK_FALSE(outs[2].value("left").empty());
+  for (const int c : {0, 1, 4, 5}) CHECK(outs[c].ok());
+  for (const auto& o : again) CHECK(o.ok());
+  gloo_test::check_records(records.path(), {"h1.0", "h1.1", "h2.0", "h2.1", "h3.0", "h3.1"}, end_at + 5, 200);
+  // Both restarted ranks committed the job's last steps with the others (same bits: check_records).
+  CHECK(last_commit(records.path(), "h2.1", progress(records.path()) + 1) >= end_at - 1);
+  CHECK(last_commit(records.path(), "h2.0", progress(records.path()) + 1) >= end_at - 1);
 }
