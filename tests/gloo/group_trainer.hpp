@@ -74,7 +74,7 @@ void train_group_rank(Store& store, const trainer_setup& setup, const group_rank
       [&](const ddp::quorum_info& q) {
         return ddp::any_communicator(ddp::gloo::communicator(q.store, q.rank, q.size, setup.gloo));
       },
-      state, opts);
+      state, ddp::group_state::replicated, opts);
   gm.on_event([&](const ddp::manager_event& e) {
     if (e.what != ddp::manager_event::kind::quorum) return;
     std::string members;

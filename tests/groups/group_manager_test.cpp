@@ -3,6 +3,7 @@
 // killed, its whole group leaves, the others go on committing; the group restarts, heals by
 // shard and ends with the survivors' bits. And the same training over groups and over one
 // replica per rank gives the same bits (ddp's reproducible reducer).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <ddp/bucketer.hpp>
 #include <ddp/bucketing/fixed.hpp>
+#include <ddp/data.hpp>
 #include <ddp/groups.hpp>
 #include <ddp/local.hpp>
 #include <ddp/reproducible.hpp>
@@ -28,8 +30,12 @@ namespace {
 
 constexpr std::size_t dim = 10;
 constexpr double lr = 0.1, beta = 0.9;
+const ddp::data::sampler_options sampling{.dataset_size = 500, .global_batch = 24, .micro_batch = 2, .seed = 7};
 
-enum class averaging { bucketer, reproducible };
+// How a group trains: DDP inside the group (every rank holds the whole model; a Bucketer or ddp's
+// reproducible reducer over group_communicator), or HSDP-like (rank i holds part i of the model;
+// a Bucketer over the GroupManager alone averages it across the groups).
+enum class averaging { bucketer, reproducible, sharded };
 
 struct rank_result {
   std::string group;
@@ -41,6 +47,7 @@ struct rank_result {
   std::vector<double> params, momentum;
   std::int64_t step = 0;
   std::vector<std::pair<std::int64_t, std::vector<std::string>>> commits;  // step, member groups
+  std::map<std::int64_t, std::vector<std::uint64_t>> samples;                 // step: the sample ids this rank used
   ddp::manager_stats stats;
 };
 
@@ -62,10 +69,12 @@ struct job {
     auto inner = fabric.connect("inner/" + gid + "/" + std::to_string(inc), index, k);
     // Replicated inside the group: every rank of an incarnation starts from the same values.
     // (The reproducible runs compare two jobs: one model for all.)
-    const std::string seed = avg == averaging::reproducible ? "model" : gid + "#" + std::to_string(inc);
+    std::string seed = avg == averaging::reproducible ? "model" : gid + "#" + std::to_string(inc);
+    if (avg == averaging::sharded) seed += "/part" + std::to_string(index);
     std::vector<double> p = replica_test::initial_params(seed, dim), g(dim, 0.0), mom(dim, 0.0);
     ddp::training_state state;
     state.add(p).add(mom);
+    ddp::data::global_batch_sampler sampler(sampling, state);  // its cursor heals with the state
     auto opts = base;
     opts.replica_id = gid;
     ddp::GroupManager<ddp::local::communicator> gm(
@@ -74,9 +83,10 @@ struct job {
           return ddp::any_communicator(
               fabric.connect(replica_test::fabric_key(q) + "/index" + std::to_string(index), q.rank, q.size));
         },
-        state, opts);
+        state, avg == averaging::sharded ? ddp::group_state::sharded : ddp::group_state::replicated, opts);
     ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref> comm(inner, gm);
-    ddp::Bucketer<ddp::bucketing::fixed> grads(comm, {}, {.check_layout = false});
+    const ddp::communicator_ref bucket_comm = avg == averaging::sharded ? ddp::communicator_ref(gm) : comm;
+    ddp::Bucketer<ddp::bucketing::fixed> grads(bucket_comm, {}, {.check_layout = false});
     grads.add(p, g);
     grads.build();
     constexpr std::size_t micro_batches = 8;
@@ -91,7 +101,13 @@ struct job {
         std::this_thread::sleep_for(1ms);  // "compute": lets join requests arrive between steps
         const std::int64_t s = gm.step();
         if (crash_at >= 0 && s >= crash_at) throw replica_test::crash{};
-        if (avg == averaging::bucketer) {
+        std::vector<std::uint64_t> used;  // this rank's part of the group's share of the global batch
+        const ddp::item_range mine = sampler.share(gm, index, k);
+        for (std::size_t mb = mine.first; mb < mine.last; ++mb) {
+          const auto ids = sampler.micro_batch(mb);
+          used.insert(used.end(), ids.begin(), ids.end());
+        }
+        if (avg != averaging::reproducible) {
           const auto fresh = replica_test::gradient(me, s, p);
           std::copy(fresh.begin(), fresh.end(), g.begin());
           grads.mark_ready(0);
@@ -111,6 +127,8 @@ struct job {
             p[j] -= lr * mom[j];
           }
           out.commits.emplace_back(s, gm.members());
+          out.samples[s] = std::move(used);
+          sampler.commit();
           if (static_cast<int>(gm.members().size()) < want_groups) ++commits_without_a_group;
         }
       }
@@ -178,11 +196,13 @@ std::string history(const std::vector<rank_result>& rs) {
   return out;
 }
 
-// Every rank that did not stop holds the same step, parameters and momentum, bit for bit, and
-// every step was applied with the same member groups wherever it was applied.
-void check_live_ranks_agree(const std::vector<rank_result>& rs, std::int64_t steps) {
+// Every rank that did not stop holds the same step, parameters and momentum, bit for bit (with
+// `per_index`, every rank of the same index), and every step was applied with the same member
+// groups wherever it was applied.
+void check_live_ranks_agree(const std::vector<rank_result>& rs, std::int64_t steps, bool per_index = false) {
   INFO(history(rs));
   const rank_result* first = nullptr;
+  std::map<int, const rank_result*> first_of_index;
   std::map<std::int64_t, std::vector<std::string>> applied;
   for (const auto& r : rs) {
     REQUIRE(r.error.empty());
@@ -192,14 +212,30 @@ void check_live_ranks_agree(const std::vector<rank_result>& rs, std::int64_t ste
     }
     if (r.crashed || !r.left.empty()) continue;
     if (!first) first = &r;
+    const rank_result* same = per_index ? first_of_index.emplace(r.index, &r).first->second : first;
     INFO(r.group << "#" << r.incarnation << "/" << r.index);
     CHECK(r.step >= steps);
     CHECK(r.step == first->step);
-    CHECK(r.params == first->params);
-    CHECK(r.momentum == first->momentum);
+    CHECK(r.params == same->params);
+    CHECK(r.momentum == same->momentum);
   }
   REQUIRE(first != nullptr);
   for (std::int64_t s = 0; s < first->step; ++s) CHECK(applied.count(s) == 1);
+  // Exactly once: the ranks that applied a step used its global batch, each sample once (the
+  // sampler counts the groups, and a group's ranks split its share).
+  for (std::int64_t s = 0; s < first->step; ++s) {
+    std::vector<std::uint64_t> used;
+    for (const auto& r : rs) {
+      const auto it = r.samples.find(s);
+      if (it != r.samples.end()) used.insert(used.end(), it->second.begin(), it->second.end());
+    }
+    std::int64_t cursor = s * static_cast<std::int64_t>(sampling.global_batch);
+    auto want = ddp::data::global_batch_sampler(sampling, cursor).global_batch();
+    std::sort(used.begin(), used.end());
+    std::sort(want.begin(), want.end());
+    INFO("step " << s);
+    CHECK(used == want);
+  }
 }
 
 }  // namespace
@@ -255,4 +291,15 @@ TEST_CASE("GroupManager: groups and one replica per rank give the same bits", "[
   CHECK(a.front().step == b.front().step);
   CHECK(a.front().params == b.front().params);
   CHECK(a.front().momentum == b.front().momentum);
+}
+
+TEST_CASE("GroupManager: sharded state (each rank its part) heals part by part", "[local][groups][manager]") {
+  job j;
+  j.avg = averaging::sharded;
+  j.base.heal_over = ddp::heal_transport::source_routes;
+  const auto rs = run_groups(j, 3, 8, /*crash_group=*/1, /*crash_index=*/1, /*crash_at=*/3);
+  check_live_ranks_agree(rs, 8, /*per_index=*/true);
+  // The parts differ: rank 0 and rank 1 of a group hold different parameters.
+  CHECK(rs[0].params != rs[1].params);
+  CHECK(rs[3 * 2].stats.heals >= 1);
 }

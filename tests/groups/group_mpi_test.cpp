@@ -141,7 +141,7 @@ std::vector<double> train_in_groups(int k, const std::filesystem::path& dir, con
     return ddp::any_communicator(std::move(comm));
   };
   {
-    ddp::GroupManager<ddp::mpi::communicator> gm(inner, store, factory, state, opts);
+    ddp::GroupManager<ddp::mpi::communicator> gm(inner, store, factory, state, ddp::group_state::replicated, opts);
     ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref> comm(inner, gm);
     ddp::ReproducibleReducer red(comm, micro_batches, {.check_layout = false});
     red.add(g);

@@ -147,6 +147,20 @@ class global_batch_sampler {
     { g.size() } -> std::convertible_to<int>;
   }
   [[nodiscard]] item_range share(const Group& g) const { return contributor_share(micro_batches(), g); }
+  /// Micro-batches of the next global batch for rank `index` of a replica group of `group_size`
+  /// ranks: its contiguous part of the group's share, the group counted once among the replicas
+  /// (`replica`: a GroupManager, docs/replica-groups.md).
+  /// @throws usage_error if `index` is not in `[0, group_size)`
+  template <class Group>
+  requires requires(const Group& g) {
+    { g.rank() } -> std::convertible_to<int>;
+    { g.size() } -> std::convertible_to<int>;
+  }
+  [[nodiscard]] item_range share(const Group& replica, int index, int group_size) const {
+    const item_range whole = share(replica);
+    const item_range part = contiguous_share(whole.size(), group_size, index);
+    return {whole.first + part.first, whole.first + part.last};
+  }
   /// Sample ids of replica `rank`'s share, micro-batch after micro-batch.
   [[nodiscard]] std::vector<std::uint64_t> samples(int rank, int size) const {
     std::vector<std::uint64_t> out;

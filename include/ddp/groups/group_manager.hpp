@@ -24,6 +24,7 @@
 #include <ddp/detail/describe_exception.hpp>
 #include <ddp/detail/step_errors.hpp>
 #include <ddp/error.hpp>
+#include <ddp/groups/state_part.hpp>
 #include <ddp/manager.hpp>
 #include <ddp/manager/heal.hpp>
 #include <ddp/manager/heal_routes.hpp>
@@ -55,30 +56,40 @@ class GroupManager {
   /// @param store    the job's store, shared by every rank of every group
   /// @param factory  builds this index's cross communicator of each quorum (and each heal
   ///                 route); `quorum_info::store` is this index's own namespace
-  /// @param state    this rank's part of the replica's state (its shard); must outlive this
+  /// @param state    what this rank holds of the replica's state; must outlive this
+  /// @param layout   how the group holds the state: each rank its own part (`sharded`), or every
+  ///                 rank all of it (`replicated`); decides what each rank heals
   /// @param options  the group's: `replica_id` names the group, the same on each of its ranks,
   ///                 as every option is
   /// @throws usage_error for options replica groups do not support yet (hot spares, healed
   ///   replicas that sit out), and as `Manager` does
   template <store Store, transferable_state State>
-  GroupManager(Inner& inner, Store& store, communicator_factory factory, State& state, manager_options options)
+  GroupManager(Inner& inner, Store& store, communicator_factory factory, State& state, group_state layout,
+               manager_options options)
       : inner_(inner),
         store_(store),
         factory_(std::move(factory)),
-        tensors_([&state] { return std::span<const tensor_view>(state.state_tensors()); }),
+        whole_tensors_([&state] { return std::span<const tensor_view>(state.state_tensors()); }),
         scalars_([&state] { return std::span<std::int64_t>(state.state_scalars()); }),
+        layout_(layout),
         opts_(std::move(options)),
         index_(inner.rank()) {
+    tensors_ = whole_tensors_;
+    if (layout_ == group_state::replicated) {
+      part_ = std::make_unique<detail::state_part>(whole_tensors_, scalars_, index_, inner.size());
+      tensors_ = [p = part_.get()] { return p->state_tensors(); };
+    }
     if (!opts_.healed_replicas_participate || opts_.active_replicas > 0) {
       throw usage_error(index_, "GroupManager",
                         "replica groups take part in every step they are members of: healed_replicas_participate "
                         "= false and active_replicas are not supported over groups yet");
     }
     if (index_ != 0) return;
-    leader_ = std::make_unique<Manager>(
-        store, [this](const quorum_info& q) { return build_as_leader(q); }, state, opts_);
+    const communicator_factory build = [this](const quorum_info& q) { return build_as_leader(q); };
+    leader_ = part_ ? std::make_unique<Manager>(store, build, *part_, opts_)
+                    : std::make_unique<Manager>(store, build, state, opts_);
     leader_->group_heal_ = {[this](const std::vector<int>& sources, std::int64_t step) { announce_heal(sources, step); },
-                            [this](bool ok) { agree_on_heal(ok); }};
+                            [this](bool ok) { agree_on_heal(ok, leader_receives_); }};
   }
   GroupManager(const GroupManager&) = delete;
   GroupManager& operator=(const GroupManager&) = delete;
@@ -364,11 +375,12 @@ class GroupManager {
         cross_.abort();
       }
     }
-    agree_on_heal(ok);
+    agree_on_heal(ok, receiving);
   }
 
   // The leader's heal hooks (Manager::group_heal_).
   void announce_heal(const std::vector<int>& sources, std::int64_t step) {
+    leader_receives_ = std::find(sources.begin(), sources.end(), leader_->rank()) == sources.end();
     std::string payload;
     for (const int s : sources) {
       for (int b = 0; b < 4; ++b) payload += static_cast<char>((static_cast<unsigned>(s) >> (8 * b)) & 0xffU);
@@ -377,23 +389,37 @@ class GroupManager {
   }
 
   // Every rank's part of a heal passed, or the heal failed (on the leader: throws, and its
-  // Manager keeps "needs healing": a group with a torn shard never serves as a source).
-  void agree_on_heal(bool ok) {
+  // Manager keeps "needs healing": a group with a torn shard never serves as a source). A
+  // replicated state that the group received is whole on every rank afterwards: rank i
+  // broadcasts its part inside, for each i.
+  void agree_on_heal(bool ok, bool receiving) {
     std::vector<std::int64_t> all_ok{ok ? 1 : 0};
     inner_collective("the heal's outcome", [&] { return communicator_ref(inner_).allreduce(all_ok, reduce_op::min); });
-    if (leader_ && ok && all_ok[0] == 0) {
-      throw communication_error(index_, "GroupManager, replica group '" + opts_.replica_id + "'",
-                                "another rank of the group could not heal its shard");
+    if (all_ok[0] == 0) {
+      if (leader_ && ok) {
+        throw communication_error(index_, "GroupManager, replica group '" + opts_.replica_id + "'",
+                                  "another rank of the group could not heal its part of the state");
+      }
+      return;
+    }
+    if (!receiving || layout_ != group_state::replicated) return;
+    for (int i = 0; i < inner_.size(); ++i) {
+      const std::vector<tensor_view> part = detail::byte_range_part(whole_tensors_(), i, inner_.size());
+      inner_collective("sharing the healed parts", [&] { return inner_.broadcast(part, i); });
     }
   }
 
   Inner& inner_;
   store_ref store_;
   communicator_factory factory_;
-  std::function<std::span<const tensor_view>()> tensors_;
+  std::function<std::span<const tensor_view>()> whole_tensors_;  // what this rank registered
   std::function<std::span<std::int64_t>()> scalars_;
+  group_state layout_;
+  std::unique_ptr<detail::state_part> part_;              // group_state::replicated: what this rank heals
+  std::function<std::span<const tensor_view>()> tensors_;  // what this rank heals
   manager_options opts_;
   int index_;
+  bool leader_receives_ = false;  // the leader's group receives in the heal under way
   std::vector<std::unique_ptr<index_namespace>> stores_;  // of this quorum's communicators
   std::unique_ptr<Manager> leader_;                                        // index 0 only
 
