@@ -19,6 +19,7 @@
 #include <ddp/data.hpp>
 #include <ddp/groups.hpp>
 #include <ddp/local.hpp>
+#include <ddp/local_steps.hpp>
 #include <ddp/reproducible.hpp>
 #include <ddp/stores/memory_store.hpp>
 
@@ -35,7 +36,9 @@ const ddp::data::sampler_options sampling{.dataset_size = 500, .global_batch = 2
 // How a group trains: DDP inside the group (every rank holds the whole model; a Bucketer or ddp's
 // reproducible reducer over group_communicator), or HSDP-like (rank i holds part i of the model;
 // a Bucketer over the GroupManager alone averages it across the groups).
-enum class averaging { bucketer, reproducible, sharded };
+// Or DiLoCo: DDP inside the group for the inner steps, fault_tolerant_diloco over the GroupManager
+// for the outer ones.
+enum class averaging { bucketer, reproducible, sharded, diloco };
 
 struct rank_result {
   std::string group;
@@ -63,6 +66,7 @@ struct job {
   // quorum has `want_groups` groups; throws replica_test::crash at `crash_at` (if >= 0).
   void run_rank(const std::string& gid, int inc, int index, std::int64_t crash_at, std::int64_t steps,
                 int want_groups, rank_result& out) {
+    if (avg == averaging::diloco) return run_diloco_rank(gid, inc, index, crash_at, steps, want_groups, out);
     out.group = gid;
     out.index = index;
     out.incarnation = inc;
@@ -148,6 +152,68 @@ struct job {
     out.step = gm.step();
     out.stats = gm.stats();
   }
+
+  // run_rank for DiLoCo: 3 inner steps (DDP inside the group) per outer step.
+  void run_diloco_rank(const std::string& gid, int inc, int index, std::int64_t crash_at, std::int64_t steps,
+                       int want_groups, rank_result& out) {
+    out.group = gid;
+    out.index = index;
+    out.incarnation = inc;
+    auto inner = fabric.connect("inner/" + gid + "/" + std::to_string(inc), index, k);
+    std::vector<double> p = replica_test::initial_params(gid + "#" + std::to_string(inc), dim), g(dim, 0.0);
+    ddp::training_state state;
+    state.add(p);
+    auto opts = base;
+    opts.replica_id = gid;
+    ddp::GroupManager<ddp::local::communicator> gm(
+        inner, store,
+        [this, index](const ddp::quorum_info& q) {
+          return ddp::any_communicator(
+              fabric.connect(replica_test::fabric_key(q) + "/index" + std::to_string(index), q.rank, q.size));
+        },
+        state, ddp::group_state::replicated, opts);
+    ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref> comm(inner, gm);
+    ddp::fault_tolerant_diloco<ddp::outer_sgd, ddp::GroupManager<ddp::local::communicator>> outer(
+        gm, comm, state, {ddp::view(p)}, {.sync_every = 3});
+    ddp::Bucketer<ddp::bucketing::fixed> grads(inner, {}, {.check_layout = false});  // the inner steps: DDP inside
+    grads.add(p, g);
+    grads.build();
+    const std::string me = gid + "/" + std::to_string(index);
+    try {
+      while (gm.step() < steps || static_cast<int>(gm.members().size()) < want_groups) {
+        if (gm.step() > steps + 2000) throw std::runtime_error("the quorum never grew back to its expected size");
+        const int n = outer.begin();
+        std::this_thread::sleep_for(1ms);
+        const std::int64_t s = gm.step();
+        if (crash_at >= 0 && s >= crash_at) throw replica_test::crash{};
+        for (int h = 0; h < n; ++h) {
+          const auto fresh = replica_test::gradient(me, s * 10 + h, p);
+          std::copy(fresh.begin(), fresh.end(), g.begin());
+          grads.mark_ready(0);
+          grads.finalize();
+          for (std::size_t j = 0; j < dim; ++j) p[j] -= lr * g[j];
+        }
+        if (outer.end()) {
+          out.commits.emplace_back(s, gm.members());
+          if (static_cast<int>(gm.members().size()) < want_groups) ++commits_without_a_group;
+        }
+      }
+    } catch (const replica_test::crash&) {
+      out.crashed = true;
+      gm.abort();
+      inner.abort();
+    } catch (const ddp::error& e) {
+      out.left = e.what();
+      inner.abort();
+    } catch (const std::exception& e) {
+      out.error = e.what();
+      inner.abort();
+    }
+    out.params = p;
+    out.momentum.assign(dim, 0.0);
+    out.step = gm.step();
+    out.stats = gm.stats();
+  }
 };
 
 // Runs `groups` groups "grp0", ... of `j.k` ranks each. Rank `crash_index` of group `crash_group`
@@ -223,7 +289,9 @@ void check_live_ranks_agree(const std::vector<rank_result>& rs, std::int64_t ste
   for (std::int64_t s = 0; s < first->step; ++s) CHECK(applied.count(s) == 1);
   // Exactly once: the ranks that applied a step used its global batch, each sample once (the
   // sampler counts the groups, and a group's ranks split its share).
-  for (std::int64_t s = 0; s < first->step; ++s) {
+  bool sampled = false;  // (DiLoCo runs take no samples here)
+  for (const auto& r : rs) sampled = sampled || !r.samples.empty();
+  for (std::int64_t s = 0; sampled && s < first->step; ++s) {
     std::vector<std::uint64_t> used;
     for (const auto& r : rs) {
       const auto it = r.samples.find(s);
@@ -302,4 +370,13 @@ TEST_CASE("GroupManager: sharded state (each rank its part) heals part by part",
   // The parts differ: rank 0 and rank 1 of a group hold different parameters.
   CHECK(rs[0].params != rs[1].params);
   CHECK(rs[3 * 2].stats.heals >= 1);
+}
+
+TEST_CASE("GroupManager: DiLoCo over groups; a killed rank's group restarts and heals", "[local][groups][manager][diloco]") {
+  job j;
+  j.avg = averaging::diloco;
+  const auto rs = run_groups(j, 3, 6, /*crash_group=*/2, /*crash_index=*/1, /*crash_at=*/2);
+  check_live_ranks_agree(rs, 6);
+  CHECK(rs[3 * 2].stats.heals >= 1);
+  CHECK(rs[3 * 2 + 1].stats.heals >= 1);  // a follower knows its group healed (its DiLoCo restarts from the anchor)
 }

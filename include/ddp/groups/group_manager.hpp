@@ -110,7 +110,8 @@ class GroupManager {
       } catch (const std::exception& e) {
         tell_followers_and_rethrow(e);
       }
-      send(command::ready, {leader_->step(), leader_->participants(), leader_->participant_rank()});
+      send(command::ready, {leader_->step(), leader_->participants(), leader_->participant_rank(),
+                            static_cast<std::int64_t>(leader_->stats().heals)});
       return;
     }
     errors_.clear();
@@ -124,6 +125,7 @@ class GroupManager {
         step_ = m.words[0];
         participants_ = static_cast<int>(m.words[1]);
         participant_rank_ = static_cast<int>(m.words[2]);
+        heals_ = static_cast<std::uint64_t>(m.words[3]);
         return;
       } else {
         leader_failed(m);
@@ -225,8 +227,14 @@ class GroupManager {
   [[nodiscard]] bool failed() const { return leader_ ? leader_->failed() : errors_.failed(); }
   /// The first error captured on this rank in this step, or null.
   [[nodiscard]] std::exception_ptr error() const { return leader_ ? leader_->error() : errors_.error(); }
-  /// The leader's Manager counters (zeros on a follower).
-  [[nodiscard]] manager_stats stats() const { return leader_ ? leader_->stats() : manager_stats{}; }
+  /// The leader's Manager counters; on a follower only `heals` (the group's heals, as the leader
+  /// counts them), the rest zeros.
+  [[nodiscard]] manager_stats stats() const {
+    if (leader_) return leader_->stats();
+    manager_stats s;
+    s.heals = heals_;
+    return s;
+  }
 
  private:
   // What the leader tells its followers, one inner broadcast of `header_words` words (and one of
@@ -433,6 +441,7 @@ class GroupManager {
   std::int64_t step_ = 0;
   int participants_ = 1;
   int participant_rank_ = 0;
+  std::uint64_t heals_ = 0;
   detail::step_errors errors_{[this](const std::exception_ptr&) {
     if (cross_) cross_.abort();
   }};

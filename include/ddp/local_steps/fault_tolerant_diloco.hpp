@@ -5,7 +5,9 @@
 /// global parameters and the outer optimizer's state) and ends with `end()` (the outer gradients
 /// are averaged through the Manager, and the outer step is applied only if every replica votes
 /// to commit it). A replica that dies costs its own inner steps; with `reuse_outer_gradients` the
-/// survivors' are kept. docs/local-steps.md ("Fault tolerance").
+/// survivors' are kept. A replica may be a group of ranks (`GroupManager`): its outer gradients
+/// then travel over the group's `group_communicator`, 1/k of them across per rank.
+/// docs/local-steps.md ("Fault tolerance"), docs/replica-groups.md.
 
 #include <algorithm>
 #include <cstdint>
@@ -40,14 +42,14 @@ struct fault_tolerant_diloco_options {
   bool reuse_outer_gradients = false;
 };
 
-/// DiLoCo over a `Manager`: the Manager's step is the outer step. Usage, the protocol and what
-/// it guarantees: docs/local-steps.md ("Fault tolerance").
+/// DiLoCo over a `Manager` (or a `GroupManager`: `Replica`): its step is the outer step. Usage,
+/// the protocol and what it guarantees: docs/local-steps.md ("Fault tolerance").
 ///
 ///     while (m.step() < outer_steps) {
 ///       for (int h = 0, n = outer.begin(); h < n; ++h) inner_step(...);
 ///       if (outer.end()) sampler.commit();
 ///     }
-template <class O = outer_sgd>
+template <class O = outer_sgd, class Replica = Manager>
 class fault_tolerant_diloco {
   static_assert(outer_optimizer<O>,
                 "ddp::fault_tolerant_diloco<O>: O must model ddp::outer_optimizer (copyable, with prepare(params), "
@@ -59,14 +61,21 @@ class fault_tolerant_diloco {
   /// it before the Manager's first `start_quorum()`. The parameters need not agree across
   /// replicas: the first quorum gives every replica its rank 0's.
   /// @throws usage_error on a bad parameter or knob
-  fault_tolerant_diloco(Manager& manager, training_state& state, std::vector<tensor_view> params,
+  fault_tolerant_diloco(Replica& manager, training_state& state, std::vector<tensor_view> params,
                         fault_tolerant_diloco_options<O> options = {})
-      : m_(manager), sync_every_(options.sync_every), reuse_(options.reuse_outer_gradients) {
-    detail::check_local_steps(m_, params, options.sync_every, caller);
+      : fault_tolerant_diloco(manager, manager, state, std::move(params), std::move(options)) {}
+
+  /// The same, with the outer gradients averaged over `outer`, every rank of every replica: a
+  /// replica group's `group_communicator(inner, manager)`, whose ranks of a group hold the same
+  /// outer gradient (DDP inside the group). The average counts each replica once.
+  fault_tolerant_diloco(Replica& manager, communicator_ref outer, training_state& state,
+                        std::vector<tensor_view> params, fault_tolerant_diloco_options<O> options = {})
+      : m_(manager), outer_(outer), sync_every_(options.sync_every), reuse_(options.reuse_outer_gradients) {
+    detail::check_local_steps(outer_, params, options.sync_every, caller);
     if (manager.step() != 0 || manager.generation() != 0) {
       throw usage_error(m_.rank(), caller, "constructed after the Manager's first quorum; its state could not heal");
     }
-    fragment_.emplace(m_, std::move(params), std::move(options.outer), options.wire, caller);
+    fragment_.emplace(outer_, std::move(params), std::move(options.outer), options.wire, caller);
     for (const tensor_view& t : fragment_->state()) state.add(t);
   }
 
@@ -100,7 +109,8 @@ class fault_tolerant_diloco {
   ///   `Manager::start_quorum()` in a retry
   bool end() {
     for (;;) {
-      fragment_->start(std::max(contributors_, 1), has_gradient_);
+      // Each replica's gradient arrives once per rank of it (outer_.size() / m_.size() ranks).
+      fragment_->start(std::max(contributors_, 1) * std::max(outer_.size() / std::max(m_.size(), 1), 1), has_gradient_);
       fragment_->wait();
       if (m_.should_commit()) {
         if (contributors_ > 0) {
@@ -158,7 +168,8 @@ class fault_tolerant_diloco {
     communicator_ref(m_).allreduce(std::span<const tensor_view>(&v, 1), reduce_op::sum).wait();
   }
 
-  Manager& m_;
+  Replica& m_;
+  communicator_ref outer_;  // the outer exchange's: the replicas' ranks
   int sync_every_;
   bool reuse_;
   bool has_gradient_ = true;
