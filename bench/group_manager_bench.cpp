@@ -179,21 +179,28 @@ void run_rank(const config& c, bool grouped, int h, int i, const std::filesystem
   std::unique_ptr<ddp::GroupManager<ddp::gloo::communicator>> gm;
   std::unique_ptr<ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref>> gc;
   if (grouped) {
-    inner_ns = std::make_unique<ddp::stores::prefix_store<ddp::stores::file_store>>(store, "inner/h" + std::to_string(h) + "/");
+    inner_ns = std::make_unique<ddp::stores::prefix_store<ddp::stores::file_store>>(
+        store, "inner/h" + std::to_string(h) + "/");
     ddp::gloo::options io = go;
     io.timeout = 120s;  // covers the leader's quorum and heal
     inner = std::make_unique<ddp::gloo::communicator>(ddp::store_ref(*inner_ns), i, c.k, io);
     gm = std::make_unique<ddp::GroupManager<ddp::gloo::communicator>>(*inner, store, factory, state,
-                                                                     ddp::group_state::replicated, o);
+                                                                      ddp::group_state::replicated, o);
     gc = std::make_unique<ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref>>(*inner, *gm);
-    api = {[&] { gm->start_quorum(); }, [&] { ddp::communicator_ref(*gc).allreduce(grad, ddp::reduce_op::sum).wait(); },
-           [&] { return gm->should_commit(); }, [&] { return gm->step(); }, [&] { return gm->members().size(); },
+    api = {[&] { gm->start_quorum(); },
+           [&] { ddp::communicator_ref(*gc).allreduce(grad, ddp::reduce_op::sum).wait(); },
+           [&] { return gm->should_commit(); },
+           [&] { return gm->step(); },
+           [&] { return gm->members().size(); },
            [&] { return gm->stats().heal_ms; }};
   } else {
     flat = std::make_unique<ddp::Manager>(store, factory, state, o);
-    api = {[&] { flat->start_quorum(); }, [&] { ddp::communicator_ref(*flat).allreduce(grad, ddp::reduce_op::sum).wait(); },
-           [&] { return flat->should_commit(); }, [&] { return flat->step(); },
-           [&] { return flat->members().size(); }, [&] { return flat->stats().heal_ms; }};
+    api = {[&] { flat->start_quorum(); },
+           [&] { ddp::communicator_ref(*flat).allreduce(grad, ddp::reduce_op::sum).wait(); },
+           [&] { return flat->should_commit(); },
+           [&] { return flat->step(); },
+           [&] { return flat->members().size(); },
+           [&] { return flat->stats().heal_ms; }};
   }
   const std::size_t everyone = grouped ? static_cast<std::size_t>(c.hosts) : static_cast<std::size_t>(c.hosts * c.k);
 
@@ -368,13 +375,13 @@ int main(int argc, char** argv) {
     std::cout << "# group_manager_bench: " << c.hosts << " hosts x " << c.k << " ranks"
               << (c.on_hosts ? " (test hosts)" : " (one machine)") << ", gloo + file store; gradient "
               << (c.grad_bytes >> 20) << " MiB, state " << (c.state_bytes >> 20) << " MiB per rank, heal over " << over
-              << "; load " << [] {
-                   std::ifstream in("/proc/loadavg");
-                   std::string a, b, x;
-                   in >> a >> b >> x;
-                   return a + " " + b + " " + x;
-                 }()
-              << std::endl;
+              << "; load " <<
+        [] {
+          std::ifstream in("/proc/loadavg");
+          std::string a, b, x;
+          in >> a >> b >> x;
+          return a + " " + b + " " + x;
+        }() << std::endl;
     bench::table t({{"shape"},
                     {"replicas"},
                     {"step ms", 1},

@@ -494,8 +494,8 @@ class Manager {
     if (group_heal_.begins) group_heal_.begins(sources, max_step);  // the group's other ranks heal alongside
     detail::healed_state healed;
     try {
-      healed = detail::heal_member(opts_.heal_over, factory_, comm_, store_ref(*comm_store_), generation_, sources, rank_,
-                                   members_, st, max_step, opts_.heal_chunk_bytes, meter);
+      healed = detail::heal_member(opts_.heal_over, factory_, comm_, store_ref(*comm_store_), generation_, sources,
+                                   rank_, members_, st, max_step, opts_.heal_chunk_bytes, meter);
     } catch (...) {
       if (group_heal_.ends) group_heal_.ends(false);  // throws replica_group_error if the group broke
       throw;

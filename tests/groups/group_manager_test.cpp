@@ -44,13 +44,13 @@ struct rank_result {
   std::string group;
   int index = 0;
   int incarnation = 0;
-  bool crashed = false;    // the rank that was killed
-  std::string left;        // why a rank of a failed group stopped (empty: it did not)
-  std::string error;       // anything else: a failure of the test
+  bool crashed = false;  // the rank that was killed
+  std::string left;      // why a rank of a failed group stopped (empty: it did not)
+  std::string error;     // anything else: a failure of the test
   std::vector<double> params, momentum;
   std::int64_t step = 0;
   std::vector<std::pair<std::int64_t, std::vector<std::string>>> commits;  // step, member groups
-  std::map<std::int64_t, std::vector<std::uint64_t>> samples;                 // step: the sample ids this rank used
+  std::map<std::int64_t, std::vector<std::uint64_t>> samples;              // step: the sample ids this rank used
   ddp::manager_stats stats;
 };
 
@@ -64,8 +64,8 @@ struct job {
 
   // One rank of group `gid` (incarnation `inc`): trains until `steps` commits are done and the
   // quorum has `want_groups` groups; throws replica_test::crash at `crash_at` (if >= 0).
-  void run_rank(const std::string& gid, int inc, int index, std::int64_t crash_at, std::int64_t steps,
-                int want_groups, rank_result& out) {
+  void run_rank(const std::string& gid, int inc, int index, std::int64_t crash_at, std::int64_t steps, int want_groups,
+                rank_result& out) {
     if (avg == averaging::diloco) return run_diloco_rank(gid, inc, index, crash_at, steps, want_groups, out);
     out.group = gid;
     out.index = index;
@@ -219,8 +219,8 @@ struct job {
 // Runs `groups` groups "grp0", ... of `j.k` ranks each. Rank `crash_index` of group `crash_group`
 // (if >= 0) is killed at step `crash_at`; once every rank of that group stopped, the group
 // restarts (incarnation 1) and trains until the end.
-std::vector<rank_result> run_groups(job& j, int groups, std::int64_t steps, int crash_group = -1,
-                                    int crash_index = 0, std::int64_t crash_at = -1) {
+std::vector<rank_result> run_groups(job& j, int groups, std::int64_t steps, int crash_group = -1, int crash_index = 0,
+                                    std::int64_t crash_at = -1) {
   std::vector<rank_result> results(static_cast<std::size_t>(groups * j.k));
   if (crash_group >= 0) results.resize(results.size() + static_cast<std::size_t>(j.k));
   std::vector<std::thread> threads;
@@ -255,9 +255,9 @@ std::vector<rank_result> run_groups(job& j, int groups, std::int64_t steps, int 
 std::string history(const std::vector<rank_result>& rs) {
   std::string out;
   for (const auto& r : rs) {
-    out += r.group + "#" + std::to_string(r.incarnation) + "/" + std::to_string(r.index) + (r.crashed ? " crashed" : "") +
-           " step " + std::to_string(r.step) + (r.left.empty() ? "" : " left: " + r.left) +
-           (r.error.empty() ? "" : " ERROR: " + r.error) + "\n";
+    out += r.group + "#" + std::to_string(r.incarnation) + "/" + std::to_string(r.index) +
+           (r.crashed ? " crashed" : "") + " step " + std::to_string(r.step) +
+           (r.left.empty() ? "" : " left: " + r.left) + (r.error.empty() ? "" : " ERROR: " + r.error) + "\n";
   }
   return out;
 }
@@ -319,13 +319,15 @@ TEST_CASE("GroupManager: groups train to the same bits on every rank", "[local][
   }
 }
 
-TEST_CASE("GroupManager: a killed rank takes its group out; it restarts and heals by shard", "[local][groups][manager]") {
+TEST_CASE("GroupManager: a killed rank takes its group out; it restarts and heals by shard",
+          "[local][groups][manager]") {
   const auto transport = GENERATE(ddp::heal_transport::quorum_broadcast, ddp::heal_transport::source_routes);
   for (const int crash_index : {1, 0}) {  // a follower, then a leader
     job j;
     j.base.heal_over = transport;
     const auto rs = run_groups(j, 3, 8, /*crash_group=*/1, crash_index, /*crash_at=*/3);
-    INFO("killed index " << crash_index << ", heal over " << (transport == ddp::heal_transport::source_routes ? "routes" : "the quorum"));
+    INFO("killed index " << crash_index << ", heal over "
+                         << (transport == ddp::heal_transport::source_routes ? "routes" : "the quorum"));
     INFO(history(rs));
     check_live_ranks_agree(rs, 8);
     // The killed rank's group-mate stopped (shared fate); no other rank did.
@@ -372,7 +374,8 @@ TEST_CASE("GroupManager: sharded state (each rank its part) heals part by part",
   CHECK(rs[3 * 2].stats.heals >= 1);
 }
 
-TEST_CASE("GroupManager: DiLoCo over groups; a killed rank's group restarts and heals", "[local][groups][manager][diloco]") {
+TEST_CASE("GroupManager: DiLoCo over groups; a killed rank's group restarts and heals",
+          "[local][groups][manager][diloco]") {
   job j;
   j.avg = averaging::diloco;
   const auto rs = run_groups(j, 3, 6, /*crash_group=*/2, /*crash_index=*/1, /*crash_at=*/2);

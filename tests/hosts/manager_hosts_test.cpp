@@ -373,9 +373,8 @@ TEST_CASE("GroupManager across hosts: a rank killed takes its host's group out; 
     rank_on("h" + std::to_string(child / 2 + 1), child % 2, 0, 0, out);
   });
   REQUIRE(wait_progress(records.path(), kill_at + 8, 60s));  // h1 and h3 went on without h2
-  gloo_test::process_group restarted(2, [&](int child, const gloo_test::reporter& out) {
-    rank_on("h2", child, 1, 0, out);
-  });
+  gloo_test::process_group restarted(
+      2, [&](int child, const gloo_test::reporter& out) { rank_on("h2", child, 1, 0, out); });
   const auto outs = job.wait_all(90s);
   const auto again = restarted.wait_all(60s);
   INFO(gloo_test::describe_all(outs) << "\nrestarted h2: " << gloo_test::describe_all(again));

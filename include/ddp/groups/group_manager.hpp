@@ -88,8 +88,9 @@ class GroupManager {
     const communicator_factory build = [this](const quorum_info& q) { return build_as_leader(q); };
     leader_ = part_ ? std::make_unique<Manager>(store, build, *part_, opts_)
                     : std::make_unique<Manager>(store, build, state, opts_);
-    leader_->group_heal_ = {[this](const std::vector<int>& sources, std::int64_t step) { announce_heal(sources, step); },
-                            [this](bool ok) { agree_on_heal(ok, leader_receives_); }};
+    leader_->group_heal_ = {
+        [this](const std::vector<int>& sources, std::int64_t step) { announce_heal(sources, step); },
+        [this](bool ok) { agree_on_heal(ok, leader_receives_); }};
   }
   GroupManager(const GroupManager&) = delete;
   GroupManager& operator=(const GroupManager&) = delete;
@@ -196,7 +197,9 @@ class GroupManager {
                    : forward([&] { return cross_.reduce_scatter(in, out, op); }, "reduce_scatter");
   }
   /// @copydoc allreduce
-  work barrier() { return leader_ ? leader_->barrier() : forward([&] { return cross_.barrier(); }, "barrier"); }
+  work barrier() {
+    return leader_ ? leader_->barrier() : forward([&] { return cross_.barrier(); }, "barrier");
+  }
   /// Aborts this index's cross communicator; the group's next quorum builds new ones.
   void abort() noexcept {
     if (leader_) leader_->abort();
@@ -374,9 +377,10 @@ class GroupManager {
                            std::string(receiving ? "receiving" : "sending") + " shard " + std::to_string(index_) +
                                " of step " + std::to_string(step));
       try {
-        detail::heal_member(opts_.heal_over, [this](const quorum_info& q) { return build_at_index(q); }, cross_,
-                            store_ref(*generation_store_), generation_, sources, rank_, members_, st, step,
-                            opts_.heal_chunk_bytes, meter);
+        detail::heal_member(
+            opts_.heal_over, [this](const quorum_info& q) { return build_at_index(q); }, cross_,
+            store_ref(*generation_store_), generation_, sources, rank_, members_, st, step, opts_.heal_chunk_bytes,
+            meter);
         ok = true;
         meter.finish();
       } catch (const ddp::error&) {  // the leader learns of it from the agreement and re-forms
@@ -423,13 +427,13 @@ class GroupManager {
   std::function<std::span<const tensor_view>()> whole_tensors_;  // what this rank registered
   std::function<std::span<std::int64_t>()> scalars_;
   group_state layout_;
-  std::unique_ptr<detail::state_part> part_;              // group_state::replicated: what this rank heals
+  std::unique_ptr<detail::state_part> part_;               // group_state::replicated: what this rank heals
   std::function<std::span<const tensor_view>()> tensors_;  // what this rank heals
   manager_options opts_;
   int index_;
-  bool leader_receives_ = false;  // the leader's group receives in the heal under way
+  bool leader_receives_ = false;                          // the leader's group receives in the heal under way
   std::vector<std::unique_ptr<index_namespace>> stores_;  // of this quorum's communicators
-  std::unique_ptr<Manager> leader_;                                        // index 0 only
+  std::unique_ptr<Manager> leader_;                       // index 0 only
 
   // A follower's mirror of the leader's quorum.
   std::unique_ptr<stores::prefix_store<store_ref>> generation_store_;  // outlives cross_ (declared first)

@@ -106,7 +106,8 @@ inline healed_state heal_member(heal_transport over, const communicator_factory&
   const heal_routes routes(over, factory, quorum, generation_store, generation, sources, rank, members, state,
                            chunk_bytes);
   // Hashed as the transfers land: no second pass for the check.
-  const healed_state healed = heal_state(quorum, routes.lanes(), state, sources.front(), step, chunk_bytes, meter, rank);
+  const healed_state healed =
+      heal_state(quorum, routes.lanes(), state, sources.front(), step, chunk_bytes, meter, rank);
   check_same_state(quorum, healed.hash, members, rank);
   return healed;
 }
