@@ -127,8 +127,8 @@ pid_t spawn(const std::string& self, int group, int index, int incarnation, cons
   const pid_t pid = ::fork();
   if (pid == 0) {
     const std::string g = "g" + std::to_string(group), i = std::to_string(index), n = std::to_string(incarnation);
-    ::execl(self.c_str(), self.c_str(), "--group", g.c_str(), "--rank", i.c_str(), "--incarnation", n.c_str(),
-            "--dir", dir.c_str(), static_cast<char*>(nullptr));
+    ::execl(self.c_str(), self.c_str(), "--group", g.c_str(), "--rank", i.c_str(), "--incarnation", n.c_str(), "--dir",
+            dir.c_str(), static_cast<char*>(nullptr));
     std::_Exit(127);
   }
   return pid;

@@ -35,7 +35,9 @@
 #include <ddp/stores/memory_store.hpp>
 #include <ddp/training_state.hpp>
 
+#include "oracle.hpp"
 #include "scheduler.hpp"
+#include "seed_runner.hpp"
 #include "sim_comm.hpp"
 #include "sim_store.hpp"
 
@@ -49,90 +51,16 @@ extern "C" int sched_yield() noexcept { return 0; }
 
 namespace {
 
+using sim::env_or;
+using sim::hash_of;
+using sim::joined;
+using sim::oracle;
+
 constexpr std::size_t dim = 4;
 // Seeds a run covers unless DDP_SIM_SEEDS says otherwise, the regression seeds after them: about
 // 20 s on the 2-core machine, under 40 s with another process busy on one core (docs/testing.md;
 // a CI run should take at most a minute).
 constexpr std::uint64_t default_seeds = 15000;
-
-std::uint64_t hash_of(const std::vector<double>& p) {
-  return ddp::detail::fnv1a(std::as_bytes(std::span<const double>(p)));
-}
-
-// What every replica reports; checks the invariants as the reports arrive.
-struct oracle {
-  struct commit {
-    std::uint64_t before = 0, after = 0;
-    std::vector<std::string> members;
-    std::string first_by;
-  };
-  std::map<std::int64_t, commit> commits;
-  std::map<std::uint64_t, std::vector<std::string>> generations;
-  std::map<std::string, std::int64_t> reached;  // replica -> steps it committed (its latest incarnation)
-  std::vector<std::string> violations, trace;
-  sim::scheduler* s = nullptr;
-
-  void log(const std::string& who, const std::string& what) {
-    trace.push_back(std::to_string(s->elapsed().count()) + " ms " + who + ": " + without_real_time(what));
-  }
-  // A timeout's message says how long the wait lasted on the machine's clock (work::wait): the
-  // one thing in a trace that is not the seed's, so a replay would differ there. Left out.
-  static std::string without_real_time(std::string text) {
-    static constexpr std::string_view mark = "ms timeout: waited ";
-    for (std::size_t at = text.find(mark); at != std::string::npos; at = text.find(mark, at)) {
-      at += mark.size();
-      std::size_t end = at;
-      while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
-      text.replace(at, end - at, "(real time)");
-    }
-    return text;
-  }
-  void violated(const std::string& what) {
-    violations.push_back(what);
-    log("ORACLE", "VIOLATION " + what);
-  }
-  void on_commit(const std::string& id, std::int64_t step, std::uint64_t before, std::uint64_t after,
-                 const std::vector<std::string>& members) {
-    log(id, "committed step " + std::to_string(step));
-    reached[id] = step + 1;
-    auto [it, fresh] = commits.emplace(step, commit{before, after, members, id});
-    if (!fresh) {
-      const commit& c = it->second;
-      if (c.after != after || c.before != before) {
-        violated("step " + std::to_string(step) + " committed by " + c.first_by + " and by " + id +
-                 " with different states (invariants 1, 3)");
-      }
-      if (c.members != members) {
-        violated("step " + std::to_string(step) + " committed by two different quorums (" + c.first_by + ", " + id +
-                 ")");
-      }
-    }
-    if (step > 0) {
-      const auto prev = commits.find(step - 1);
-      if (prev != commits.end() && prev->second.after != before) {
-        violated(id + " committed step " + std::to_string(step) + " from a state that step " +
-                 std::to_string(step - 1) + " did not commit (invariant 1)");
-      }
-    }
-  }
-  void on_quorum(const std::string& id, std::uint64_t gen, const std::vector<std::string>& members) {
-    std::string list;
-    for (const auto& m : members) list += " " + m;
-    log(id, "quorum " + std::to_string(gen) + ":" + list);
-    auto [it, fresh] = generations.emplace(gen, members);
-    if (!fresh && it->second != members)
-      violated("generation " + std::to_string(gen) + " has two memberships (invariant 2)");
-  }
-  void on_heal(const std::string& id, std::int64_t step, std::uint64_t state) {
-    log(id, "healed to step " + std::to_string(step));
-    reached[id] = step;
-    const auto prev = commits.find(step - 1);
-    if (step > 0 && prev != commits.end() && prev->second.after != state) {
-      violated(id + " healed to step " + std::to_string(step) + " with a state step " + std::to_string(step - 1) +
-               " did not commit (invariant 1)");
-    }
-  }
-};
 
 struct scenario {
   int replicas = 3;
@@ -360,11 +288,6 @@ class job {
   bool stop_ = false;
 };
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 // Runs one seed; on a violation, reports it with the trace's tail.
 bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over) {
   job j(seed, scenario{.replicas = 3 + static_cast<int>(seed % 3), .heal_over = heal_over});
@@ -383,51 +306,9 @@ bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over) {
   return violations.empty();
 }
 
-// Runs `seeds` on DDP_SIM_JOBS threads (default: one per core), each thread taking the next seed
-// not taken yet. A seed is a job of its own (its scheduler, store, network and fibers live on the
-// thread that runs it, and share nothing), so which thread runs it changes nothing in it: its
-// replay alone (DDP_SIM_SEED) is the same run. Returns the seeds that failed, in order.
-std::vector<std::uint64_t> run_seeds(const std::vector<std::uint64_t>& seeds, const char* what,
-                                     ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast) {
-  const auto cores = static_cast<std::uint64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(env_or("DDP_SIM_JOBS", cores), 1, 64));
-  std::atomic<std::size_t> next{0};
-  std::vector<char> ok(seeds.size(), 1);
-  const auto work = [&] {
-    for (std::size_t i = next++; i < seeds.size(); i = next++) {
-      try {
-        ok[i] = run_seed(seeds[i], false, heal_over);
-      } catch (const std::exception& e) {  // the simulation itself failed (no stack, ...)
-        std::fprintf(stderr, "seed %llu: the simulation failed: %s\n", static_cast<unsigned long long>(seeds[i]),
-                     e.what());
-        ok[i] = 0;
-      }
-    }
-  };
-  const auto began = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (std::size_t k = 1; k < std::min(jobs, seeds.size()); ++k) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  std::printf("manager_sim: %zu %s in %.1f s on %zu thread(s): %.0f seeds/s\n", seeds.size(), what, seconds,
-              std::min(jobs, seeds.size()), static_cast<double>(seeds.size()) / std::max(seconds, 1e-9));
-  std::vector<std::uint64_t> failed;
-  for (std::size_t i = 0; i < seeds.size(); ++i) {
-    if (!ok[i]) failed.push_back(seeds[i]);
-  }
-  return failed;
-}
-
 // The transport of a replay (DDP_SIM_SEED): source routes with DDP_SIM_ROUTES=1.
 ddp::heal_transport replay_transport() {
   return env_or("DDP_SIM_ROUTES", 0) != 0 ? ddp::heal_transport::source_routes : ddp::heal_transport::quorum_broadcast;
-}
-
-std::string joined(const std::vector<std::uint64_t>& seeds) {
-  std::string out;
-  for (const std::uint64_t s : seeds) out += (out.empty() ? "" : " ") + std::to_string(s);
-  return out;
 }
 
 }  // namespace
@@ -440,7 +321,9 @@ TEST_CASE("Manager under deterministic simulation: the invariants hold for every
   const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_SEEDS", default_seeds);
   std::vector<std::uint64_t> seeds;
   for (std::uint64_t seed = first; seed < first + count; ++seed) seeds.push_back(seed);
-  const auto failed = run_seeds(seeds, "seeds");
+  const auto failed = sim::run_seeds("manager_sim", seeds, "seeds", [](std::uint64_t seed) {
+    return run_seed(seed, false, ddp::heal_transport::quorum_broadcast);
+  });
   INFO("failed seeds: " << failed.size() << " (" << joined(failed) << ")");
   CHECK(failed.empty());
 }
@@ -455,7 +338,9 @@ TEST_CASE("Manager simulation: the seeds that once failed still pass", "[sim][ma
     if (line.empty() || line[0] == '#') continue;
     seeds.push_back(std::strtoull(line.c_str(), nullptr, 10));
   }
-  const auto failed = run_seeds(seeds, "regression seeds");
+  const auto failed = sim::run_seeds("manager_sim", seeds, "regression seeds", [](std::uint64_t seed) {
+    return run_seed(seed, false, ddp::heal_transport::quorum_broadcast);
+  });
   INFO(seeds.size() << " regression seeds, failed: " << joined(failed));
   CHECK(failed.empty());
 }
@@ -468,7 +353,9 @@ TEST_CASE("Manager simulation over source routes: the invariants hold for every 
   const std::uint64_t first = env_or("DDP_SIM_FIRST", 1), count = env_or("DDP_SIM_ROUTES_SEEDS", default_seeds / 3);
   std::vector<std::uint64_t> seeds;
   for (std::uint64_t seed = first; seed < first + count; ++seed) seeds.push_back(seed);
-  const auto failed = run_seeds(seeds, "seeds over source routes", ddp::heal_transport::source_routes);
+  const auto failed = sim::run_seeds("manager_sim", seeds, "seeds over source routes", [](std::uint64_t seed) {
+    return run_seed(seed, false, ddp::heal_transport::source_routes);
+  });
   INFO("failed seeds: " << failed.size() << " (" << joined(failed) << "); replay with DDP_SIM_ROUTES=1");
   CHECK(failed.empty());
 }

@@ -90,7 +90,7 @@ class GroupManager {
                     : std::make_unique<Manager>(store, build, state, opts_);
     leader_->group_heal_ = {
         [this](const std::vector<int>& sources, std::int64_t step) { announce_heal(sources, step); },
-        [this](bool ok) { agree_on_heal(ok, leader_receives_); }};
+        [this](bool ok) { agree_on_heal(ok); }};
   }
   GroupManager(const GroupManager&) = delete;
   GroupManager& operator=(const GroupManager&) = delete;
@@ -200,7 +200,8 @@ class GroupManager {
   work barrier() {
     return leader_ ? leader_->barrier() : forward([&] { return cross_.barrier(); }, "barrier");
   }
-  /// Aborts this index's cross communicator; the group's next quorum builds new ones.
+  /// Aborts this rank's cross communicator (on the leader, the Manager's): the step fails, and the
+  /// leader forms a new quorum at the next `start_quorum()`.
   void abort() noexcept {
     if (leader_) leader_->abort();
     if (cross_) cross_.abort();
@@ -264,6 +265,7 @@ class GroupManager {
       issue().wait();
     } catch (const std::exception& e) {
       if (cross_) cross_.abort();  // peers at this index fail fast instead of waiting
+      if (leader_) leader_->abort();
       throw replica_group_error(index_, std::string("GroupManager, replica group '") + opts_.replica_id + "'",
                                 std::string("a rank of the group failed or left (") + what + "): " + e.what());
     }
@@ -294,19 +296,25 @@ class GroupManager {
   }
 
   // The leader's start_quorum or should_commit threw: its followers throw too (if they can still
-  // be told), and the group, without a working leader, restarts.
+  // be told). A manager_error (no quorum in time, too many failed steps) they throw as one, so
+  // that every rank of the group may call start_quorum() again together; anything else ends the
+  // group, which restarts.
   [[noreturn]] void tell_followers_and_rethrow(const std::exception& e) {
+    const bool retryable = dynamic_cast<const manager_error*>(&e) != nullptr;
     try {
-      send(command::failed, {}, e.what());
+      send(command::failed, {retryable ? 1 : 0}, e.what());
     } catch (const replica_group_error&) {  // a follower is gone too: they learn at their next exchange
     }
     throw;
   }
 
   [[noreturn]] void leader_failed(const message& m) {
+    const std::string where = "GroupManager, replica group '" + opts_.replica_id + "'";
+    if (m.what == command::failed && m.words[0] == 1) {
+      throw manager_error(index_, where, "the group's leader: " + m.payload);
+    }
     if (cross_) cross_.abort();
-    throw replica_group_error(index_, "GroupManager, replica group '" + opts_.replica_id + "'",
-                              "the group's leader stopped: " + m.payload);
+    throw replica_group_error(index_, where, "the group's leader stopped: " + m.payload);
   }
 
   template <class Issue>
@@ -324,17 +332,40 @@ class GroupManager {
     return factory_(mine);
   }
 
-  // The leader's factory: announces each quorum to the followers, then builds index 0's.
+  // The leader's factory: announces each quorum to the followers, builds index 0's, and learns
+  // whether every index built its own (else the Manager tries the quorum again, as for a factory
+  // that throws).
   any_communicator build_as_leader(const quorum_info& q) {
-    if (q.heal_source < 0) {
-      std::string members;
-      for (const std::string& id : q.members) members += id + '\n';
-      send(command::build, {static_cast<std::int64_t>(q.generation), q.rank, q.size}, members);
+    if (q.heal_source >= 0) return build_at_index(q);  // a heal route: each index builds its own in its heal
+    std::string members;
+    for (const std::string& id : q.members) members += id + '\n';
+    send(command::build, {static_cast<std::int64_t>(q.generation), q.rank, q.size}, members);
+    any_communicator comm;
+    try {
+      comm = build_at_index(q);
+    } catch (...) {
+      agree_on_build(false);
+      throw;
     }
-    return build_at_index(q);
+    if (!agree_on_build(true)) {
+      comm.abort();
+      throw communication_error(
+          index_, "GroupManager, replica group '" + opts_.replica_id + "'",
+          "another rank of the group could not build its communicator of quorum " + std::to_string(q.generation));
+    }
+    return comm;
+  }
+
+  // Every rank of the group built its communicator of the quorum.
+  bool agree_on_build(bool ok) {
+    std::vector<std::int64_t> all_ok{ok ? 1 : 0};
+    inner_collective("the quorum's communicators",
+                     [&] { return communicator_ref(inner_).allreduce(all_ok, reduce_op::min); });
+    return all_ok[0] == 1;
   }
 
   void build_as_follower(const message& m) {
+    errors_.clear();  // an earlier attempt's failure: this quorum starts afresh
     if (cross_) cross_.abort();
     cross_ = any_communicator();
     generation_ = static_cast<std::uint64_t>(m.words[0]);
@@ -352,11 +383,18 @@ class GroupManager {
     try {
       cross_ = build_at_index(quorum_info{generation_, rank_, size_, members_, store_ref(*generation_store_)});
       detail::check_state_placement(tensors_(), cross_, rank_, generation_);
-    } catch (...) {
-      // The step cannot commit without this index: the vote refuses it and the leader re-forms.
+    } catch (const detail::state_placement_error&) {  // the same on every attempt: this rank cannot go on
+      if (cross_) cross_.abort();
       cross_ = any_communicator();
-      errors_.capture(std::current_exception());
+      agree_on_build(false);
+      throw;
+    } catch (...) {  // the leader learns of it now and tries the quorum again
+      if (cross_) cross_.abort();
+      cross_ = any_communicator();
+      agree_on_build(false);
+      return;
     }
+    agree_on_build(true);
   }
 
   // This index's part of the leader's heal, then the group's agreement on it.
@@ -371,28 +409,27 @@ class GroupManager {
     }
     const bool receiving = std::find(sources.begin(), sources.end(), rank_) == sources.end();
     bool ok = false;
-    if (cross_) {
-      const detail::state_view st{tensors_(), scalars_()};
-      progress_meter meter(&opts_.progress, "heal", rank_, st.tensor_bytes(),
-                           std::string(receiving ? "receiving" : "sending") + " shard " + std::to_string(index_) +
-                               " of step " + std::to_string(step));
-      try {
+    try {
+      if (cross_) {
+        const detail::state_view st{tensors_(), scalars_()};
+        progress_meter meter(&opts_.progress, "heal", rank_, st.tensor_bytes(),
+                             std::string(receiving ? "receiving" : "sending") + " part " + std::to_string(index_) +
+                                 " of step " + std::to_string(step));
         detail::heal_member(
             opts_.heal_over, [this](const quorum_info& q) { return build_at_index(q); }, cross_,
             store_ref(*generation_store_), generation_, sources, rank_, members_, st, step, opts_.heal_chunk_bytes,
             meter);
         ok = true;
         meter.finish();
-      } catch (const ddp::error&) {  // the leader learns of it from the agreement and re-forms
-        cross_.abort();
       }
+    } catch (...) {  // whatever failed, the leader learns of it from the agreement and re-forms
+      cross_.abort();
     }
-    agree_on_heal(ok, receiving);
+    agree_on_heal(ok);
   }
 
   // The leader's heal hooks (Manager::group_heal_).
   void announce_heal(const std::vector<int>& sources, std::int64_t step) {
-    leader_receives_ = std::find(sources.begin(), sources.end(), leader_->rank()) == sources.end();
     std::string payload;
     for (const int s : sources) {
       for (int b = 0; b < 4; ++b) payload += static_cast<char>((static_cast<unsigned>(s) >> (8 * b)) & 0xffU);
@@ -401,10 +438,13 @@ class GroupManager {
   }
 
   // Every rank's part of a heal passed, or the heal failed (on the leader: throws, and its
-  // Manager keeps "needs healing": a group with a torn shard never serves as a source). A
-  // replicated state that the group received is whole on every rank afterwards: rank i
-  // broadcasts its part inside, for each i.
-  void agree_on_heal(bool ok, bool receiving) {
+  // Manager keeps "needs healing": a group with a torn part never serves as a source once a step
+  // committed). A replicated state is whole and the same on every rank afterwards: rank i
+  // broadcasts its part inside, for each i; in a source group too, whose ranks may hold different
+  // bytes after an earlier heal failed half-way (before any step committed, such a group may start
+  // the job: what it sends is part i of rank i, and that is what its ranks must hold).
+  void agree_on_heal(bool ok) {
+    if (stores_.size() > 1) stores_.resize(1);  // the heal's routes are gone: only the quorum's namespace stays
     std::vector<std::int64_t> all_ok{ok ? 1 : 0};
     inner_collective("the heal's outcome", [&] { return communicator_ref(inner_).allreduce(all_ok, reduce_op::min); });
     if (all_ok[0] == 0) {
@@ -414,7 +454,7 @@ class GroupManager {
       }
       return;
     }
-    if (!receiving || layout_ != group_state::replicated) return;
+    if (layout_ != group_state::replicated) return;
     for (int i = 0; i < inner_.size(); ++i) {
       const std::vector<tensor_view> part = detail::byte_range_part(whole_tensors_(), i, inner_.size());
       inner_collective("sharing the healed parts", [&] { return inner_.broadcast(part, i); });
@@ -431,7 +471,6 @@ class GroupManager {
   std::function<std::span<const tensor_view>()> tensors_;  // what this rank heals
   manager_options opts_;
   int index_;
-  bool leader_receives_ = false;                          // the leader's group receives in the heal under way
   std::vector<std::unique_ptr<index_namespace>> stores_;  // of this quorum's communicators
   std::unique_ptr<Manager> leader_;                       // index 0 only
 

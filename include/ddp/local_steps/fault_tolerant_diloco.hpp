@@ -109,8 +109,7 @@ class fault_tolerant_diloco {
   ///   `Manager::start_quorum()` in a retry
   bool end() {
     for (;;) {
-      // Each replica's gradient arrives once per rank of it (outer_.size() / m_.size() ranks).
-      fragment_->start(std::max(contributors_, 1) * std::max(outer_.size() / std::max(m_.size(), 1), 1), has_gradient_);
+      fragment_->start(std::max(contributors_, 1) * copies(), has_gradient_);  // each replica counted once
       fragment_->wait();
       if (m_.should_commit()) {
         if (contributors_ > 0) {
@@ -162,11 +161,17 @@ class fault_tolerant_diloco {
     return arrival::healed;
   }
 
-  // Sums two words over the quorum through the Manager (a failure is captured and fails the vote).
+  // Sums two words over the replicas through the outer exchange's communicator (a failure is
+  // captured and fails the vote). Over a replica group every rank of a group brings the same words
+  // and receives the same sums (the group's allgather), so its ranks agree on the inner steps.
   void exchange_words(std::int64_t (&words)[2]) {
     const tensor_view v{words, 2, dtype::i64, device::host()};
-    communicator_ref(m_).allreduce(std::span<const tensor_view>(&v, 1), reduce_op::sum).wait();
+    outer_.allreduce(std::span<const tensor_view>(&v, 1), reduce_op::sum).wait();
+    for (std::int64_t& w : words) w /= copies();
   }
+
+  // Ranks of the outer exchange per replica: 1 over a Manager, k over a group of k.
+  [[nodiscard]] int copies() const { return std::max(outer_.size() / std::max(m_.size(), 1), 1); }
 
   Replica& m_;
   communicator_ref outer_;  // the outer exchange's: the replicas' ranks
