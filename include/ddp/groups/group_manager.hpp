@@ -45,9 +45,10 @@ namespace ddp {
 ///
 /// Every rank of the group calls `start_quorum()` and `should_commit()` at the same points; the
 /// followers wait for the leader there over the inner communicator, so its collective timeout
-/// must cover a quorum's forming and heal (`quorum_timeout`). A rank that fails or leaves ends
+/// must cover a quorum's forming (`quorum_timeout`) and a heal. A rank that fails or leaves ends
 /// its group: every other rank of it throws `replica_group_error` at its next inner exchange, and
-/// the group restarts as a whole, as one replica, and heals. Neither copyable nor movable.
+/// the group restarts as a whole, as one replica, and heals. The protocol and its rules:
+/// docs/fault-tolerance.md ("Replica groups"). Neither copyable nor movable.
 template <communicator Inner>
 class GroupManager {
  public:
@@ -136,7 +137,8 @@ class GroupManager {
 
   /// End of a step, on every rank of the group: true on every rank of every live group iff no
   /// rank of any member group saw an error (the group's ranks agree first, then the leaders vote).
-  /// @throws replica_group_error if a rank of this group failed or left
+  /// @throws replica_group_error if a rank of this group failed or left (then `step()` may count
+  ///   a step this rank did not apply: the group restarts and heals anyway)
   /// @throws manager_error as `Manager::should_commit` (on every rank of the group)
   [[nodiscard]] bool should_commit() {
     std::vector<std::int64_t> failed_here{failed() ? 1 : 0};
