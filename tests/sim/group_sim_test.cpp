@@ -96,8 +96,8 @@ class group_job {
     formed_[g] = 0;
     for (int i = 0; i < k; ++i) {
       oracle_.reached[rank_id(g, i)] = 0;
-      pids_[g][static_cast<std::size_t>(i)] = sched_.spawn(
-          rank_id(g, i) + "#" + std::to_string(incarnation), [this, g, i, incarnation] { rank(g, i, incarnation); });
+      pids_[g][static_cast<std::size_t>(i)] = sched_.spawn(rank_id(g, i) + "#" + std::to_string(incarnation),
+                                                           [this, g, i, incarnation] { rank(g, i, incarnation); });
     }
   }
   [[nodiscard]] bool all_alive(int g) const {
@@ -205,9 +205,7 @@ class group_job {
           }
           break;
         }
-        case 2:
-          restart_ended();
-          break;
+        case 2: restart_ended(); break;
         case 3:  // cut a group off from the store for a while
           if (!store_faults_.cut_off[static_cast<std::size_t>(g)]) {
             store_faults_.cut_off[static_cast<std::size_t>(g)] = true;
@@ -326,7 +324,8 @@ TEST_CASE("GroupManager under deterministic simulation: the invariants hold for 
     CHECK(run_seed(std::strtoull(one, nullptr, 10), true, transport_of(sim::env_or("DDP_SIM_ROUTES", 0))));
     return;
   }
-  const std::uint64_t first = sim::env_or("DDP_SIM_FIRST", 1), count = sim::env_or("DDP_SIM_GROUP_SEEDS", default_seeds);
+  const std::uint64_t first = sim::env_or("DDP_SIM_FIRST", 1),
+                      count = sim::env_or("DDP_SIM_GROUP_SEEDS", default_seeds);
   std::vector<std::uint64_t> seeds;
   for (std::uint64_t seed = first; seed < first + count; ++seed) seeds.push_back(seed);
   // Half the seeds heal over the quorum's communicators, half over routes.

@@ -25,8 +25,8 @@ inline std::uint64_t env_or(const char* name, std::uint64_t fallback) {
 // thread that runs it, and share nothing), so which thread runs it changes nothing in it: its
 // replay alone (DDP_SIM_SEED) is the same run. `run_seed(seed)`: true if it passed. Returns the
 // seeds that failed, in order.
-inline std::vector<std::uint64_t> run_seeds(const char* program, const std::vector<std::uint64_t>& seeds, const char* what,
-                                            const std::function<bool(std::uint64_t)>& run_seed) {
+inline std::vector<std::uint64_t> run_seeds(const char* program, const std::vector<std::uint64_t>& seeds,
+                                            const char* what, const std::function<bool(std::uint64_t)>& run_seed) {
   const auto cores = static_cast<std::uint64_t>(std::max(1u, std::thread::hardware_concurrency()));
   const auto jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(env_or("DDP_SIM_JOBS", cores), 1, 64));
   std::atomic<std::size_t> next{0};
