@@ -14,7 +14,6 @@
 
 #include <ddp/bucketer.hpp>
 #include <ddp/bucketing/fixed.hpp>
-#include <ddp/detail/fnv1a.hpp>
 #include <ddp/gloo.hpp>
 #include <ddp/groups.hpp>
 #include <ddp/stores/file_store.hpp>
@@ -97,17 +96,9 @@ void train_group_rank(Store& store, const trainer_setup& setup, const group_rank
     grads.mark_ready(0);
     grads.finalize();
     if (!gm.should_commit()) continue;
-    for (std::size_t k = 0; k < dim; ++k) {
-      mom[k] = 0.9 * mom[k] + g[k];
-      p[k] -= 0.1 * mom[k];
-    }
-    std::uint64_t h = ddp::detail::fnv1a(std::as_bytes(std::span(p)));
-    h = ddp::detail::fnv1a(std::as_bytes(std::span(mom)), h);
-    std::string members;
-    for (const auto& x : gm.members()) members += x + ",";
-    records.set("c/" + std::to_string(s) + "/" + me.id(), ddp::as_bytes(members + " " + std::to_string(h)));
-    const auto seen = records.add("progress", 0);
-    if (gm.step() > seen) records.add("progress", gm.step() - seen);
+    apply_step(p, mom, g);
+    record_commit(records, s, me.id(), gm.members(), p, mom);
+    record_progress(records, gm.step());
     if (done(gm.step(), gm.members())) return;
   }
 }

@@ -56,6 +56,31 @@ class killable_comm {
 
 inline std::string text_of(const std::optional<ddp::store_value>& v) { return v ? ddp::to_text(*v) : std::string(); }
 
+/// A committed step of the trainers' model: momentum SGD.
+inline void apply_step(std::vector<double>& p, std::vector<double>& mom, const std::vector<double>& g) {
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    mom[k] = 0.9 * mom[k] + g[k];
+    p[k] -= 0.1 * mom[k];
+  }
+}
+
+/// Records that `id` committed step `s` with `members`: "c/<s>/<id>" = "<members> <state hash>".
+inline void record_commit(ddp::stores::file_store& records, std::int64_t s, const std::string& id,
+                          const std::vector<std::string>& members, const std::vector<double>& p,
+                          const std::vector<double>& mom) {
+  std::uint64_t h = ddp::detail::fnv1a(std::as_bytes(std::span(p)));
+  h = ddp::detail::fnv1a(std::as_bytes(std::span(mom)), h);
+  std::string list;
+  for (const auto& x : members) list += x + ",";
+  records.set("c/" + std::to_string(s) + "/" + id, ddp::as_bytes(list + " " + std::to_string(h)));
+}
+
+/// Raises "progress" to `steps` (a lower bound is all waiters need).
+inline void record_progress(ddp::stores::file_store& records, std::int64_t steps) {
+  const auto seen = records.add("progress", 0);
+  if (steps > seen) records.add("progress", steps - seen);
+}
+
 /// How a trainer runs.
 struct trainer_setup {
   std::filesystem::path records;  ///< file store of the records (and "progress": steps committed)
@@ -125,22 +150,14 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
     grads.mark_ready(0);
     grads.finalize();
     if (!m.should_commit()) continue;
-    for (std::size_t k = 0; k < dim; ++k) {
-      mom[k] = 0.9 * mom[k] + g[k];
-      p[k] -= 0.1 * mom[k];
-    }
-    std::uint64_t h = ddp::detail::fnv1a(std::as_bytes(std::span(p)));
-    h = ddp::detail::fnv1a(std::as_bytes(std::span(mom)), h);
-    std::string members;
-    for (const auto& x : m.members()) members += x + ",";
-    records.set("c/" + std::to_string(s) + "/" + id, ddp::as_bytes(members + " " + std::to_string(h)));
+    apply_step(p, mom, g);
+    record_commit(records, s, id, m.members(), p, mom);
     if (setup.active_replicas > 0) {  // who contributed, and this replica's heals so far
       records.set("p/" + std::to_string(s) + "/" + id,
                   ddp::as_bytes(std::to_string(m.participant_rank()) + " " + std::to_string(m.participants()) + " " +
                                 std::to_string(m.stats().heals)));
     }
-    const auto seen = records.add("progress", 0);
-    if (m.step() > seen) records.add("progress", m.step() - seen);  // a lower bound is all waiters need
+    record_progress(records, m.step());
     if (done(m.step(), m.members())) return;
   }
 }

@@ -62,6 +62,14 @@ struct job {
   averaging avg = averaging::bucketer;
   std::atomic<int> commits_without_a_group{0};  // steps applied by a rank while a group was out
 
+  // Rank `index`'s communicators across the groups: one per quorum and heal route, per index.
+  ddp::communicator_factory cross_factory(int index) {
+    return [this, index](const ddp::quorum_info& q) {
+      return ddp::any_communicator(
+          fabric.connect(replica_test::fabric_key(q) + "/index" + std::to_string(index), q.rank, q.size));
+    };
+  }
+
   // One rank of group `gid` (incarnation `inc`): trains until `steps` commits are done and the
   // quorum has `want_groups` groups; throws replica_test::crash at `crash_at` (if >= 0).
   void run_rank(const std::string& gid, int inc, int index, std::int64_t crash_at, std::int64_t steps, int want_groups,
@@ -82,12 +90,8 @@ struct job {
     auto opts = base;
     opts.replica_id = gid;
     ddp::GroupManager<ddp::local::communicator> gm(
-        inner, store,
-        [this, index](const ddp::quorum_info& q) {
-          return ddp::any_communicator(
-              fabric.connect(replica_test::fabric_key(q) + "/index" + std::to_string(index), q.rank, q.size));
-        },
-        state, avg == averaging::sharded ? ddp::group_state::sharded : ddp::group_state::replicated, opts);
+        inner, store, cross_factory(index), state,
+        avg == averaging::sharded ? ddp::group_state::sharded : ddp::group_state::replicated, opts);
     ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref> comm(inner, gm);
     const ddp::communicator_ref bucket_comm = avg == averaging::sharded ? ddp::communicator_ref(gm) : comm;
     ddp::Bucketer<ddp::bucketing::fixed> grads(bucket_comm, {}, {.check_layout = false});
@@ -165,13 +169,8 @@ struct job {
     state.add(p);
     auto opts = base;
     opts.replica_id = gid;
-    ddp::GroupManager<ddp::local::communicator> gm(
-        inner, store,
-        [this, index](const ddp::quorum_info& q) {
-          return ddp::any_communicator(
-              fabric.connect(replica_test::fabric_key(q) + "/index" + std::to_string(index), q.rank, q.size));
-        },
-        state, ddp::group_state::replicated, opts);
+    ddp::GroupManager<ddp::local::communicator> gm(inner, store, cross_factory(index), state,
+                                                   ddp::group_state::replicated, opts);
     ddp::group_communicator<ddp::communicator_ref, ddp::communicator_ref> comm(inner, gm);
     ddp::fault_tolerant_diloco<ddp::outer_sgd, ddp::GroupManager<ddp::local::communicator>> outer(
         gm, comm, state, {ddp::view(p)}, {.sync_every = 3});

@@ -28,6 +28,7 @@
 #include <ddp/stores/memory_store.hpp>
 #include <ddp/training_state.hpp>
 
+#include "chaos.hpp"
 #include "oracle.hpp"
 #include "scheduler.hpp"
 #include "seed_runner.hpp"
@@ -184,59 +185,18 @@ class group_job {
   }
 
   void supervise() {
-    const auto chaos_end = clock_start() + sc_.chaos;
-    while (sched_.now() < chaos_end) {
-      sched_.sleep_until(sched_.now() + std::chrono::milliseconds(sched_.uniform(20, 400)));
-      for (auto& [cut, until] : store_cut_until_) {
-        if (store_faults_.cut_off[static_cast<std::size_t>(cut)] && sched_.now() >= until) {
-          store_faults_.cut_off[static_cast<std::size_t>(cut)] = false;
-          oracle_.log("supervisor", "reconnects " + id_of(cut) + " to the store");
-        }
-      }
-      const int g = static_cast<int>(sched_.uniform(0, sc_.groups - 1));
-      switch (sched_.uniform(0, 7)) {
-        case 0:
-        case 1: {  // one rank of a group crashes, unless its group holds the last copy
-          const int i = static_cast<int>(sched_.uniform(0, k - 1));
-          const int pid = pids_[g][static_cast<std::size_t>(i)];
-          if (sched_.alive(pid) && another_holder_alive(g)) {
-            oracle_.log("supervisor", "kills " + rank_id(g, i));
-            sched_.kill(pid);
-          }
-          break;
-        }
-        case 2: restart_ended(); break;
-        case 3:  // cut a group off from the store for a while
-          if (!store_faults_.cut_off[static_cast<std::size_t>(g)]) {
-            store_faults_.cut_off[static_cast<std::size_t>(g)] = true;
-            store_cut_until_[g] = sched_.now() + std::chrono::milliseconds(sched_.uniform(100, 1500));
-            oracle_.log("supervisor", "cuts " + id_of(g) + " from the store");
-          }
-          break;
-        case 4: {  // cut two groups apart, or heal every cut
-          const int h = static_cast<int>(sched_.uniform(0, sc_.groups - 1));
-          if (h != g && net_.cut.empty()) {
-            net_.cut.insert({g, h});
-            net_.cut.insert({h, g});
-            oracle_.log("supervisor", "cuts " + id_of(g) + " from " + id_of(h));
-          } else {
-            net_.cut.clear();
-            oracle_.log("supervisor", "heals the network");
-          }
-          break;
-        }
-        case 5:
-          store_faults_.slow_rate = store_faults_.slow_rate > 0 ? 0 : 0.05;
-          store_faults_.error_rate = store_faults_.error_rate > 0 ? 0 : 0.002;
-          break;
-        default: break;
-      }
-    }
-    oracle_.log("supervisor", "faults stop");
-    net_.cut.clear();
-    store_faults_.cut_off.assign(store_faults_.cut_off.size(), false);
-    store_faults_.slow_rate = 0;
-    store_faults_.error_rate = 0;
+    sim::run_chaos(sched_, clock_start() + sc_.chaos, sc_.groups, store_faults_, net_, oracle_,
+                   {.kill =
+                        [this](int g) {  // one rank of the group, unless its group holds the last copy
+                          const int i = static_cast<int>(sched_.uniform(0, k - 1));
+                          const int pid = pids_[g][static_cast<std::size_t>(i)];
+                          if (sched_.alive(pid) && another_holder_alive(g)) {
+                            oracle_.log("supervisor", "kills " + rank_id(g, i));
+                            sched_.kill(pid);
+                          }
+                        },
+                    .restart = [this] { restart_ended(); },
+                    .name = [](int g) { return id_of(g); }});
     for (;;) {
       restart_ended();
       if (every_rank_reached_target()) break;
@@ -293,7 +253,6 @@ class group_job {
   std::map<int, int> incarnations_;
   std::map<int, std::uint64_t> formed_;  // the latest generation each group's incarnation formed
   std::uint64_t latest_formed_ = 0;
-  std::map<int, ddp::clock::time_point> store_cut_until_;
   bool stop_ = false;
 };
 

@@ -35,6 +35,7 @@
 #include <ddp/stores/memory_store.hpp>
 #include <ddp/training_state.hpp>
 
+#include "chaos.hpp"
 #include "oracle.hpp"
 #include "scheduler.hpp"
 #include "seed_runner.hpp"
@@ -188,58 +189,16 @@ class job {
 
   // Faults until `chaos`, then restarts and waits for every replica to reach the target.
   void supervise() {
-    const auto chaos_end = clock_start() + sc_.chaos;
-    while (sched_.now() < chaos_end) {
-      sched_.sleep_until(sched_.now() + std::chrono::milliseconds(sched_.uniform(20, 400)));
-      for (auto& [cut, until] : store_cut_until_) {
-        if (store_faults_.cut_off[static_cast<std::size_t>(cut)] && sched_.now() >= until) {
-          store_faults_.cut_off[static_cast<std::size_t>(cut)] = false;
-          oracle_.log("supervisor", "reconnects " + id_of(cut) + " to the store");
-        }
-      }
-      const int r = static_cast<int>(sched_.uniform(0, sc_.replicas - 1));
-      switch (sched_.uniform(0, 7)) {
-        case 0:
-        case 1:  // a crash (the process vanishes at its next step), unless it holds the last copy
-          if (sched_.alive(pids_[r]) && another_holder_alive(r)) {
-            oracle_.log("supervisor", "kills " + id_of(r));
-            sched_.kill(pids_[r]);
-          }
-          break;
-        case 2:  // restart whatever ended
-          restart_dead();
-          break;
-        case 3:  // cut a replica off from the store for a while (shorter than the quorum timeout)
-          if (!store_faults_.cut_off[static_cast<std::size_t>(r)]) {
-            store_faults_.cut_off[static_cast<std::size_t>(r)] = true;
-            store_cut_until_[r] = sched_.now() + std::chrono::milliseconds(sched_.uniform(100, 1500));
-            oracle_.log("supervisor", "cuts " + id_of(r) + " from the store");
-          }
-          break;
-        case 4: {  // cut two replicas apart, or heal every cut
-          const int q = static_cast<int>(sched_.uniform(0, sc_.replicas - 1));
-          if (q != r && net_.cut.empty()) {
-            net_.cut.insert({r, q});
-            net_.cut.insert({q, r});
-            oracle_.log("supervisor", "cuts " + id_of(r) + " from " + id_of(q));
-          } else {
-            net_.cut.clear();
-            oracle_.log("supervisor", "heals the network");
-          }
-          break;
-        }
-        case 5:  // the store slows down or fails now and then
-          store_faults_.slow_rate = store_faults_.slow_rate > 0 ? 0 : 0.05;
-          store_faults_.error_rate = store_faults_.error_rate > 0 ? 0 : 0.002;
-          break;
-        default: break;
-      }
-    }
-    oracle_.log("supervisor", "faults stop");
-    net_.cut.clear();
-    store_faults_.cut_off.assign(store_faults_.cut_off.size(), false);
-    store_faults_.slow_rate = 0;
-    store_faults_.error_rate = 0;
+    sim::run_chaos(sched_, clock_start() + sc_.chaos, sc_.replicas, store_faults_, net_, oracle_,
+                   {.kill =
+                        [this](int r) {  // the process vanishes at its next step, unless it holds the last copy
+                          if (sched_.alive(pids_[r]) && another_holder_alive(r)) {
+                            oracle_.log("supervisor", "kills " + id_of(r));
+                            sched_.kill(pids_[r]);
+                          }
+                        },
+                    .restart = [this] { restart_dead(); },
+                    .name = [this](int r) { return id_of(r); }});
     for (;;) {
       restart_dead();
       if (max_reached_all()) break;
@@ -284,7 +243,6 @@ class job {
   sim::fabric fab_;
   oracle oracle_;
   std::map<int, int> pids_, incarnations_;
-  std::map<int, ddp::clock::time_point> store_cut_until_;
   bool stop_ = false;
 };
 
