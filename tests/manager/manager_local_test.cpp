@@ -243,11 +243,14 @@ TEST_CASE("Manager: over source routes, a replacement heals from both survivors 
           c.routes_built = &routes;
         })};
     check_outcome(o, 8, 3);
-    bool healed_from_two = false;
+    // From both survivors, or from all three when the replacement arrived before the crash (a
+    // loaded machine: the crash at step 1-4 came after the replacement's start, 150 ms in).
+    bool healed_from_several = false;
     for (const auto& e : o.results.back().events) {
-      healed_from_two = healed_from_two || e.find("from 2 up-to-date replica(s)") != std::string::npos;
+      healed_from_several = healed_from_several || e.find("from 2 up-to-date replica(s)") != std::string::npos ||
+                            e.find("from 3 up-to-date replica(s)") != std::string::npos;
     }
-    CHECK(healed_from_two);
+    CHECK(healed_from_several);
     CHECK(routes.load() >= 4);  // a heal from 2 sources: 2 routes on the receiver, 1 on each source
   }
 }
