@@ -20,9 +20,9 @@ namespace sim {
 
 /// What a job does for the moves that are its own.
 struct chaos_moves {
-  std::function<void(int)> kill;           ///< kill (a process of) tag t, if the job's rule allows
-  std::function<void()> restart;           ///< restart whatever ended
-  std::function<std::string(int)> name;   ///< tag t in the trace
+  std::function<void(int)> kill;         ///< kill (a process of) tag t, if the job's rule allows
+  std::function<void()> restart;         ///< restart whatever ended
+  std::function<std::string(int)> name;  ///< tag t in the trace
 };
 
 inline void run_chaos(scheduler& s, ddp::clock::time_point chaos_end, int tags, store_faults& store, comm_faults& net,
@@ -39,12 +39,8 @@ inline void run_chaos(scheduler& s, ddp::clock::time_point chaos_end, int tags, 
     const int t = static_cast<int>(s.uniform(0, tags - 1));
     switch (s.uniform(0, 7)) {
       case 0:
-      case 1:
-        moves.kill(t);
-        break;
-      case 2:
-        moves.restart();
-        break;
+      case 1: moves.kill(t); break;
+      case 2: moves.restart(); break;
       case 3:  // cut off from the store for a while (shorter than the quorum timeout)
         if (!store.cut_off[static_cast<std::size_t>(t)]) {
           store.cut_off[static_cast<std::size_t>(t)] = true;
