@@ -100,6 +100,7 @@ class Manager {
     heartbeat(false);
     if (needs_quorum_ || !comm_) form_quorum();
     poll_join_requests();
+    errors_.start_clock(opts_.step_timeout);
   }
 
   /// End of a step: true on every participant iff no participant saw an error and at least
@@ -116,7 +117,11 @@ class Manager {
     if (!failed()) {
       std::vector<std::int64_t> words(vote, vote + 2);
       try {
-        communicator_ref(comm_).allreduce(words, reduce_op::max).wait();
+        // Within the step's deadline, or a heartbeat timeout when the step used all of it: the
+        // vote of a member that hangs fails here, and the store decides (decide()).
+        communicator_ref(comm_)
+            .allreduce(words, reduce_op::max)
+            .wait_for(std::max(errors_.left(), opts_.heartbeat_timeout));
         vote[0] = words[0];
         vote[1] = words[1];
       } catch (...) {
@@ -410,7 +415,7 @@ class Manager {
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
     comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
-    exchange_and_heal();
+    exchange_and_heal(deadline);
     // The communicators' keys of older generations are garbage now (gloo keys are write-once
     // anyway). Member lists, "formed" records and decision counters stay: they are small, and
     // they are the chain of generations and what it committed.
@@ -431,6 +436,10 @@ class Manager {
 
   // The protocol's clock: deadlines, heartbeats, polling (manager_options::time).
   [[nodiscard]] clock::time_point now() const { return detail::now_of(opts_.time); }
+  // Time left until `deadline` on the protocol's clock, as a wait's timeout (at least 1 ms).
+  [[nodiscard]] std::chrono::milliseconds left_until(clock::time_point deadline) const {
+    return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - now()));
+  }
 
   [[nodiscard]] detail::state_view state() const { return {tensors_(), scalars_()}; }
 
@@ -440,13 +449,13 @@ class Manager {
   // wrong is left out: it is told (the error, kept in refused_, is thrown by every later start_quorum()), and the
   // others form the next generation without it. Forming completes with this member's "formed" record of the generation,
   // before any step.
-  void exchange_and_heal() {
+  void exchange_and_heal(clock::time_point deadline) {
     const auto n = static_cast<std::size_t>(size_);
     const detail::member_report report{
         step_, formed_, layout_fingerprint_, state().tensor_bytes(), needs_heal_, detail::participation_rules(opts_)};
     std::vector<std::int64_t> mine = report.encode();
     std::vector<std::int64_t> all(detail::member_report::words * n);
-    comm_.allgather(view(mine), view(all)).wait();
+    comm_.allgather(view(mine), view(all)).wait_for(left_until(deadline));
     const std::int64_t formed = detail::latest_committing(store_, generation_ - 1);
     detail::heal_plan plan = detail::plan_heal(all, members_, formed, detail::read_step_limit(store_));
     if (!plan.refused.empty()) {
@@ -554,7 +563,7 @@ class Manager {
   clock::time_point last_join_poll_{};
   manager_stats stats_;
   detail::group_heal_hooks group_heal_;  // set by a replica group's leader (GroupManager)
-  detail::step_errors errors_{[this](const std::exception_ptr&) { on_first_error(); }};
+  detail::step_errors errors_{[this](const std::exception_ptr&) { on_first_error(); }, opts_.time};
 };
 
 static_assert(communicator<Manager>);

@@ -5,7 +5,13 @@
 /// Semantics shared by all backends:
 /// - `test()` drives the operation forward (Open MPI makes no progress between calls) and returns
 ///   true once it completed; `wait()` blocks up to the operation's timeout. Both rethrow the
-///   operation's error, every time they are called after it failed.
+///   operation's error, every time they are called after it failed. An operation that is only
+///   ever tested still has a deadline: `test()` fails it with `timeout_error` once its timeout
+///   has passed since it was issued (a loop of tests on a hung peer ends, as a wait does).
+/// - Waits cost no core: an operation that completes by itself (a backend thread, a condition
+///   variable) is waited on by blocking or by polls with growing pauses (detail/idle_backoff.hpp);
+///   only an operation that moves solely while polled (`progress_mode::polled`: MPI's requests)
+///   keeps being polled, and gently once a wait has lasted a second.
 /// - Waiting on several operations is one call with one deadline: `work::wait_all` (and a
 ///   `work::all` handle's `wait()`) tests every pending part round-robin, so that backends which
 ///   advance an operation only while its own handle is tested (ddp's MPI ring) move all of them,
@@ -31,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/detail/idle_backoff.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
 #include <ddp/reduce_op.hpp>
@@ -72,8 +79,8 @@ struct op_info {
 /// Backend side of a work handle. Backends derive from it; users never see it.
 class work_state {
  public:
-  /// @param info  the operation, as named in errors and by `work::describe()`
-  explicit work_state(op_info info) : info_(info) {}
+  /// @param info  the operation, as named in errors and by `work::describe()`; it is issued now
+  explicit work_state(op_info info) : info_(info), issued_(clock::now()) {}
   work_state(const work_state&) = delete;
   work_state& operator=(const work_state&) = delete;
   virtual ~work_state() = default;
@@ -82,23 +89,21 @@ class work_state {
   virtual bool poll() = 0;
 
   /// Blocks until completion (true) or `deadline` (false). Throws on failure. The default polls
-  /// with back-off: spinning first keeps small-message latency low, yielding later keeps
-  /// oversubscribed runs (4 ranks on 2 cores) moving. A deadline already past costs one poll
-  /// (`work::wait_all` gives up on its pending parts that way).
+  /// with `detail::idle_backoff` (spin, yield, then growing sleeps) for the operation's
+  /// `progress()`. A deadline already past costs one poll (`work::wait_all` gives up on its
+  /// pending parts that way).
   virtual bool wait_until(clock::time_point deadline) {
-    for (unsigned spins = 0;; ++spins) {
+    detail::idle_backoff idle(progress());
+    for (;;) {
       if (poll()) return true;
-      if (spins == 0 && clock::now() >= deadline) return false;
-      if (spins >= 64) {
-        if (clock::now() >= deadline) return false;
-        if (spins < 4096) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
-      }
+      if (clock::now() >= deadline) return false;
+      idle.pause(deadline);
     }
   }
+
+  /// Whether the operation moves only while it is polled (MPI's requests, ddp's MPI ring: a wait
+  /// keeps polling) or by itself (a backend thread: a wait may sleep between polls).
+  [[nodiscard]] virtual detail::progress_mode progress() const noexcept { return detail::progress_mode::background; }
 
   /// The owner gives up on a pending operation (timed out, or the handle is destroyed). After
   /// this returns, the backend must not touch the caller's buffers any more, or must have
@@ -107,9 +112,12 @@ class work_state {
 
   /// The operation this state runs.
   [[nodiscard]] const op_info& info() const noexcept { return info_; }
+  /// When it was issued: `work::test()` fails it once `info().timeout` has passed since.
+  [[nodiscard]] clock::time_point issued() const noexcept { return issued_; }
 
  private:
   op_info info_;
+  clock::time_point issued_;
 };
 
 /// Move-only handle of a non-blocking operation.
@@ -147,15 +155,23 @@ class [[nodiscard]] work {
   }
 
   /// Non-blocking: drives the operation and returns true once it completed.
-  /// @throws the operation's error
+  /// @throws timeout_error once the operation's timeout has passed since it was issued (its
+  ///   backend is told, as by a timed-out `wait()`); the operation's own error
   bool test() {
     if (error_) std::rethrow_exception(error_);
     if (!state_) return true;
+    std::exception_ptr timed_out;
     try {
-      if (!state_->poll()) return false;
+      if (!state_->poll()) {
+        const auto expiry = state_->issued() + state_->info().timeout;
+        if (clock::now() < expiry) return false;
+        // One last look, as a timed-out wait takes: the backend learns that its wait timed out.
+        if (!state_->wait_until(expiry)) timed_out = timeout_of(state_->info(), state_->issued(), expiry, {});
+      }
     } catch (...) {
       fail(std::current_exception());
     }
+    if (timed_out) fail(std::move(timed_out));
     complete();
     return true;
   }
@@ -219,6 +235,10 @@ class [[nodiscard]] work {
   }
   /// Description of the operation ("" once completed).
   [[nodiscard]] std::string describe() const { return state_ ? state_->info().describe() : std::string(); }
+  /// How the pending operation moves (`work_state::progress()`); `background` once completed.
+  [[nodiscard]] detail::progress_mode progress() const noexcept {
+    return state_ ? state_->progress() : detail::progress_mode::background;
+  }
 
   /// Adds a continuation run once when the operation completes successfully (immediately if it
   /// already has). Returns *this so calls chain.
@@ -332,8 +352,14 @@ inline void work::wait_all(std::span<work* const> parts, clock::time_point deadl
     --left;
     if (on_complete) on_complete(i);
   };
-  auto last_progress = since;
-  for (unsigned idle = 0; left > 0;) {
+  // Spin first (small collectives complete within microseconds), then give the core away, then
+  // sleep: a hung peer costs no core. Parts that move only while polled keep being polled longer.
+  detail::progress_mode mode = detail::progress_mode::background;
+  for (const work* w : parts) {
+    if (w != nullptr && w->progress() == detail::progress_mode::polled) mode = detail::progress_mode::polled;
+  }
+  detail::idle_backoff idle(mode);
+  while (left > 0) {
     bool advanced = false;
     for (std::size_t i = 0; i < n; ++i) {
       if (!open[i]) continue;
@@ -343,29 +369,18 @@ inline void work::wait_all(std::span<work* const> parts, clock::time_point deadl
       }
     }
     if (left == 0) return;
-    const auto now = clock::now();
     if (advanced) {
-      idle = 0;
-      last_progress = now;
+      idle.reset();
       continue;
     }
-    if (now >= deadline) break;
+    if (clock::now() >= deadline) break;
     if (left == 1) {  // one left: its backend's own wait blocks efficiently (a condition variable, MPI's spin)
       const auto i = static_cast<std::size_t>(std::find(open.begin(), open.end(), true) - open.begin());
       if (!parts[i]->drive_until(deadline)) break;
       completed(i);
       return;
     }
-    // Spin first (small collectives complete within microseconds), then give the core away:
-    // oversubscribed ranks (4 on 2 cores) need it. A wait that has seen no progress for a second
-    // polls gently: a hung peer should not burn a core until the deadline.
-    if (++idle > 64) {
-      if (now - last_progress > std::chrono::seconds(1)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      } else {
-        std::this_thread::yield();
-      }
-    }
+    idle.pause(deadline);
   }
   // The deadline passed: one last look at each part (its backend learns that its wait timed out),
   // then every part still pending fails with its own timeout_error.
@@ -407,6 +422,12 @@ class all_work_state final : public work_state {
     bool all_done = true;
     for (auto& p : parts_) all_done = p.test() && all_done;
     return all_done;
+  }
+  detail::progress_mode progress() const noexcept override {
+    for (const auto& p : parts_) {
+      if (p.progress() == detail::progress_mode::polled) return detail::progress_mode::polled;
+    }
+    return detail::progress_mode::background;
   }
   // A timeout names the part that did not complete, not the group.
   bool wait_until(clock::time_point deadline) override {

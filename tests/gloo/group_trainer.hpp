@@ -63,6 +63,7 @@ void train_group_rank(Store& store, const trainer_setup& setup, const group_rank
   opts.min_replicas = setup.min_replicas;
   opts.heartbeat_interval = 20ms;
   opts.heartbeat_timeout = 600ms;
+  opts.step_timeout = 5s;  // a hung peer costs the others one step of at most this
   opts.settle = 20ms;
   opts.quorum_timeout = setup.quorum_timeout;
   opts.heal_chunk_bytes = 128;

@@ -92,7 +92,8 @@ struct trainer_setup {
   }();
   int min_replicas = 2;
   std::chrono::milliseconds quorum_timeout = 15s;
-  std::function<void(int)> on_broadcast{};  ///< runs before every broadcast of the Manager's communicator
+  std::chrono::milliseconds step_timeout = 5s;  ///< manager_options::step_timeout
+  std::function<void(int)> on_broadcast{};      ///< runs before every broadcast of the Manager's communicator
   int active_replicas = 0;  ///< hot spares (manager_options::active_replicas); each commit records its participant rank
   ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  ///< manager_options::heal_over
 };
@@ -117,6 +118,7 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
   opts.min_replicas = setup.min_replicas;
   opts.heartbeat_interval = 20ms;
   opts.heartbeat_timeout = 600ms;
+  opts.step_timeout = setup.step_timeout;
   opts.settle = 20ms;
   opts.quorum_timeout = setup.quorum_timeout;
   opts.heal_chunk_bytes = 128;

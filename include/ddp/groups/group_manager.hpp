@@ -9,6 +9,8 @@
 /// ("Fault tolerance between groups").
 
 #include <algorithm>
+#include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -80,6 +82,7 @@ class GroupManager {
       part_ = std::make_unique<detail::state_part>(whole_tensors_, scalars_, index_, inner.size());
       tensors_ = [p = part_.get()] { return p->state_tensors(); };
     }
+    check_inner_timeout(inner);
     if (!opts_.healed_replicas_participate || opts_.active_replicas > 0) {
       throw usage_error(index_, "GroupManager",
                         "replica groups take part in every step they are members of: healed_replicas_participate "
@@ -128,6 +131,7 @@ class GroupManager {
         participants_ = static_cast<int>(m.words[1]);
         participant_rank_ = static_cast<int>(m.words[2]);
         heals_ = static_cast<std::uint64_t>(m.words[3]);
+        errors_.start_clock(opts_.step_timeout);  // the leader's step starts now too
         return;
       } else {
         leader_failed(m);
@@ -260,6 +264,27 @@ class GroupManager {
     std::vector<std::int64_t> words;  // 4
     std::string payload;
   };
+
+  // A follower waits for its leader over the inner communicator for up to a quorum's forming (a
+  // heal included), or a step and its vote: an inner timeout shorter than that would end a
+  // healthy group while its leader waits out a hung peer elsewhere. Checked where the inner
+  // communicator tells its timeout (gloo); docs/fault-tolerance.md, "Timing".
+  void check_inner_timeout(const Inner& inner) const {
+    if constexpr (requires {
+                    { inner.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+                  }) {
+      const std::chrono::milliseconds have = inner.timeout();
+      const auto need = std::max(opts_.quorum_timeout, opts_.step_timeout + opts_.heartbeat_timeout);
+      if (have < need) {
+        throw usage_error(index_, "GroupManager",
+                          "the inner communicator's timeout (" + std::to_string(have.count()) +
+                              " ms) is shorter than the longest wait of a follower for its leader, max(quorum_timeout, "
+                              "step_timeout + heartbeat_timeout) = " +
+                              std::to_string(need.count()) +
+                              " ms: raise the inner communicator's timeout (gloo::options::timeout) or lower those");
+      }
+    }
+  }
 
   template <class Issue>
   void inner_collective(const char* what, Issue&& issue) {
@@ -488,8 +513,9 @@ class GroupManager {
   int participant_rank_ = 0;
   std::uint64_t heals_ = 0;
   detail::step_errors errors_{[this](const std::exception_ptr&) {
-    if (cross_) cross_.abort();
-  }};
+                                if (cross_) cross_.abort();
+                              },
+                              opts_.time};
 };
 
 }  // namespace ddp

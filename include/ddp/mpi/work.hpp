@@ -135,6 +135,11 @@ class mpi_work final : public work_state {
     return true;
   }
 
+  // Open MPI moves a request only inside MPI calls, and ddp's ring only when its handle is tested.
+  [[nodiscard]] ddp::detail::progress_mode progress() const noexcept override {
+    return ddp::detail::progress_mode::polled;
+  }
+
   // Spins on MPI_Test like a blocking MPI call would: the caller has nothing else to do, and
   // every test is progress. Yields after a while (oversubscribed ranks), and polls gently once
   // a wait has lasted a second (a hung peer should not burn a core until the timeout). A

@@ -434,7 +434,6 @@ class ReproducibleReducer {
   struct flight {
     std::size_t chunk = 0, slot = 0;
     std::vector<work> works;
-    clock::time_point deadline{};
   };
 
   void reduce_across(const plan& pl) {
@@ -474,17 +473,14 @@ class ReproducibleReducer {
       f.chunk = c;
       f.slot = free_slots.back();
       free_slots.pop_back();
-      std::chrono::milliseconds timeout{0};
       for (std::size_t k = 0; k < pl.kmax; ++k) {
         const tensor_view in = k < mine.size() ? l.group_view(acc_->value(mine[k]), ch.group).slice(ch.start, ch.len)
                                                : tensor_view{dummy_.data(), ch.len, gr.type, device::host()};
         const tensor_view out{recv_[f.slot].data() + k * p * ch.len * esz, p * ch.len, gr.type, device::host()};
         f.works.push_back(comm_.allgather(in, out));
-        timeout = std::max(timeout, f.works.back().timeout());
         ++stats_.collectives;
         stats_.bytes_received += (p - 1) * ch.len * esz;
       }
-      f.deadline = clock::now() + timeout;
       inflight_.push_back(std::move(f));
     };
     auto finish = [&](flight& f) {
@@ -501,8 +497,20 @@ class ReproducibleReducer {
       evaluating += ms_between(t, clock::now());
     };
 
-    for (unsigned idle = 0; next < chunks.size() || !inflight_.empty();) {
+    // Each work enforces its own deadline when tested (work.hpp), and the loop waits without a
+    // core: a hung peer ends this at the collectives' timeout (through a Manager, the step's).
+    const auto launch_free = [&] {
       while (next < chunks.size() && !free_slots.empty()) launch(next++);
+    };
+    launch_free();
+    ddp::detail::progress_mode mode = ddp::detail::progress_mode::background;
+    for (const auto& f : inflight_) {
+      for (const auto& w : f.works) {
+        if (w.progress() == ddp::detail::progress_mode::polled) mode = ddp::detail::progress_mode::polled;
+      }
+    }
+    for (ddp::detail::idle_backoff idle(mode); next < chunks.size() || !inflight_.empty();) {
+      launch_free();
       bool advanced = false;
       for (std::size_t i = 0; i < inflight_.size();) {
         bool done = true;
@@ -516,16 +524,10 @@ class ReproducibleReducer {
         }
       }
       if (advanced) {
-        idle = 0;
+        idle.reset();
         continue;
       }
-      const auto now = clock::now();
-      for (auto& f : inflight_) {
-        if (now >= f.deadline) {
-          for (auto& w : f.works) w.wait_for(std::chrono::milliseconds(0));  // throws timeout_error naming it
-        }
-      }
-      if (++idle > 64) std::this_thread::yield();
+      idle.pause();
     }
     stats_.wait_ms = ms_between(loop_start, clock::now()) - evaluating;
   }
