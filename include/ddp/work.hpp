@@ -157,24 +157,7 @@ class [[nodiscard]] work {
   /// Non-blocking: drives the operation and returns true once it completed.
   /// @throws timeout_error once the operation's timeout has passed since it was issued (its
   ///   backend is told, as by a timed-out `wait()`); the operation's own error
-  bool test() {
-    if (error_) std::rethrow_exception(error_);
-    if (!state_) return true;
-    std::exception_ptr timed_out;
-    try {
-      if (!state_->poll()) {
-        const auto expiry = state_->issued() + state_->info().timeout;
-        if (clock::now() < expiry) return false;
-        // One last look, as a timed-out wait takes: the backend learns that its wait timed out.
-        if (!state_->wait_until(expiry)) timed_out = timeout_of(state_->info(), state_->issued(), expiry, {});
-      }
-    } catch (...) {
-      fail(std::current_exception());
-    }
-    if (timed_out) fail(std::move(timed_out));
-    complete();
-    return true;
-  }
+  bool test() { return advance(true); }
 
   /// Blocks until completion or the operation's timeout.
   /// @throws timeout_error naming the operation, the timeout and how long it waited; the
@@ -259,6 +242,27 @@ class [[nodiscard]] work {
   [[nodiscard]] static work all(std::vector<work> parts);
 
  private:
+  // test(); `own_deadline` false: the caller's wait has a deadline of its own (wait_all), which
+  // names every part still pending when it passes.
+  bool advance(bool own_deadline) {
+    if (error_) std::rethrow_exception(error_);
+    if (!state_) return true;
+    std::exception_ptr timed_out;
+    try {
+      if (!state_->poll()) {
+        const auto expiry = state_->issued() + state_->info().timeout;
+        if (!own_deadline || clock::now() < expiry) return false;
+        // One last look, as a timed-out wait takes: the backend learns that its wait timed out.
+        if (!state_->wait_until(expiry)) timed_out = timeout_of(state_->info(), state_->issued(), expiry, {});
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    if (timed_out) fail(std::move(timed_out));
+    complete();
+    return true;
+  }
+
   void run_now(const std::function<void()>& fn) {
     try {
       fn();
@@ -363,7 +367,7 @@ inline void work::wait_all(std::span<work* const> parts, clock::time_point deadl
     bool advanced = false;
     for (std::size_t i = 0; i < n; ++i) {
       if (!open[i]) continue;
-      if (parts[i] == nullptr || parts[i]->test()) {  // test() rethrows the part's error
+      if (parts[i] == nullptr || parts[i]->advance(false)) {  // rethrows the part's error
         completed(i);
         advanced = true;
       }

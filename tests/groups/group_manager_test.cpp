@@ -57,7 +57,14 @@ struct rank_result {
 struct job {
   ddp::stores::memory_store store;
   ddp::local::fabric fabric{ddp::local::options{.timeout = 3000ms, .faults = {}}};
-  ddp::manager_options base = replica_test::scenario_options();
+  // A follower waits for its leader over the inner communicator (3 s above) for up to a quorum
+  // or a step and its vote: the GroupManager refuses longer ones.
+  ddp::manager_options base = [] {
+    auto o = replica_test::scenario_options();
+    o.quorum_timeout = 3000ms;
+    o.step_timeout = 2000ms;
+    return o;
+  }();
   int k = 2;
   averaging avg = averaging::bucketer;
   std::atomic<int> commits_without_a_group{0};  // steps applied by a rank while a group was out
