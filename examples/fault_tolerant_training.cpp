@@ -37,6 +37,7 @@
 #include <ddp/bucketer.hpp>
 #include <ddp/bucketing/fixed.hpp>
 #include <ddp/gloo.hpp>
+#include <ddp/gloo/manager_factory.hpp>
 #include <ddp/local_steps/fault_tolerant_diloco.hpp>
 #include <ddp/manager.hpp>
 #include <ddp/stores/file_store.hpp>
@@ -69,24 +70,14 @@ int train(const std::string& id, Store& store, int diloco, int spares) {
   ddp::training_state state;
   if (diloco == 0) state.add(w).add(momentum);  // DiLoCo: its anchor and outer momentum instead
 
-  ddp::manager_options opts;
-  opts.replica_id = id;
+  // The cluster preset: a hung or dead replica costs the others one step of at most 5 s plus a
+  // quorum re-form, and the gloo communicators' own timeouts follow from it (docs/fault-tolerance.md,
+  // "Timing").
+  auto opts = ddp::manager_options::fast_failover(id);
   opts.min_replicas = 2;
-  opts.heartbeat_interval = 50ms;
-  opts.heartbeat_timeout = 1000ms;
-  opts.settle = 300ms;
-  opts.quorum_timeout = 60s;
   opts.active_replicas = spares > 0 ? replicas - spares : 0;
   opts.heal_over = ddp::heal_transport::source_routes;  // the factory keys gloo's rendezvous by q.store
-  ddp::gloo::options gloo_opts;
-  gloo_opts.timeout = 3s;
-  gloo_opts.connect_timeout = 10s;
-  ddp::Manager m(
-      store,
-      [&](const ddp::quorum_info& q) {
-        return ddp::any_communicator(ddp::gloo::communicator(q.store, q.rank, q.size, gloo_opts));
-      },
-      state, opts);
+  ddp::Manager m(store, ddp::gloo::manager_factory(), state, opts);
   m.on_event([&](const ddp::manager_event& e) {
     std::printf("%s step %lld: %s\n", id.c_str(), static_cast<long long>(e.step), e.text.c_str());
     std::fflush(stdout);

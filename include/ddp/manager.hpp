@@ -231,6 +231,9 @@ class Manager {
   /// every quorum (each has its own communicator and stream): a component that reads it once
   /// (a Bucketer, at construction) sees only the queue of that moment.
   [[nodiscard]] ddp::device_queue device_queue() const { return comm_ ? comm_.device_queue() : ddp::device_queue{}; }
+  /// The step's deadline counts again from now (`step_timeout`): for a step whose collectives come
+  /// after a long phase of local work, as DiLoCo's outer exchange after its inner steps.
+  void restart_deadline() { errors_.start_clock(opts_.step_timeout); }
   /// Fails this step with `e`, an error the Manager did not see (a collective outside it, another
   /// rank of a replica group): the vote refuses the step, as for a captured one.
   void report_error(std::exception_ptr e) { capture(std::move(e)); }
@@ -365,7 +368,11 @@ class Manager {
     timeline::scoped_span span(rec_, "manager", "quorum");
     const auto deadline = now() + opts_.quorum_timeout;
     std::string last_problem = "no attempt";
-    for (;;) {
+    // Failed attempts back off to one a second: replicas that cannot form a quorum that commits
+    // (two restarted ones waiting for a holder of the state) must not churn generations.
+    stores::detail::backoff pause(std::chrono::seconds(1));
+    for (bool first = true;; first = false) {
+      if (!first) pause.sleep_until_next(deadline, opts_.time);
       if (now() >= deadline) {
         throw manager_error(
             rank_, "Manager::start_quorum",
@@ -413,7 +420,10 @@ class Manager {
     const std::int64_t answered = detail::publish_quorum(store_, e);
     const std::uint64_t target = e.generation;
     comm_store_ = std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(target) + "/comm/");
-    comm_ = factory_(quorum_info{target, m.rank, m.size(), m.members, store_ref(*comm_store_)});
+    quorum_info q{target, m.rank, m.size(), m.members, store_ref(*comm_store_)};
+    q.deadline = clock::now() + (deadline - now());  // the machine's clock, as a factory reads it
+    q.step_timeout = opts_.step_timeout;
+    comm_ = factory_(q);
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
     exchange_and_heal(deadline);
     // The communicators' keys of older generations are garbage now (gloo keys are write-once

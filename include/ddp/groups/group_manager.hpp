@@ -169,6 +169,15 @@ class GroupManager {
     return m.words[0] != 0;
   }
 
+  /// As `Manager::restart_deadline`, on every rank of the group.
+  void restart_deadline() {
+    if (leader_) {
+      leader_->restart_deadline();
+    } else {
+      errors_.start_clock(opts_.step_timeout);
+    }
+  }
+
   /// Optional: the gradient layout's fingerprint, as `Manager::set_layout_fingerprint` (the
   /// leader's is exchanged).
   void set_layout_fingerprint(std::uint64_t fp) {
@@ -408,7 +417,10 @@ class GroupManager {
     generation_store_ =
         std::make_unique<stores::prefix_store<store_ref>>(store_, "g" + std::to_string(generation_) + "/comm/");
     try {
-      cross_ = build_at_index(quorum_info{generation_, rank_, size_, members_, store_ref(*generation_store_)});
+      quorum_info q{generation_, rank_, size_, members_, store_ref(*generation_store_)};
+      q.deadline = clock::now() + opts_.quorum_timeout;  // at most the leader's, which is already counting
+      q.step_timeout = opts_.step_timeout;
+      cross_ = build_at_index(q);
       detail::check_state_placement(tensors_(), cross_, rank_, generation_);
     } catch (const detail::state_placement_error&) {  // the same on every attempt: this rank cannot go on
       if (cross_) cross_.abort();

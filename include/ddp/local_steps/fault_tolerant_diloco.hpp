@@ -108,6 +108,7 @@ class fault_tolerant_diloco {
   /// @throws manager_error after `max_consecutive_failures` failed votes in a row, or as
   ///   `Manager::start_quorum()` in a retry
   bool end() {
+    m_.restart_deadline();  // the step's deadline bounds the exchange, not the inner steps before it
     for (;;) {
       fragment_->start(std::max(contributors_, 1) * copies(), has_gradient_);  // each replica counted once
       fragment_->wait();

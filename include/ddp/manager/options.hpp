@@ -5,6 +5,7 @@
 /// `communicator_factory`), its events and counters (`manager_event`, `manager_stats`) and its
 /// error (`manager_error`). See docs/fault-tolerance.md.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -100,6 +101,28 @@ struct quorum_info {
   /// communicator from the member of quorum rank `heal_source` (rank 0 here) to the members it
   /// heals; `members`, `rank` and `size` are the route's.
   int heal_source = -1;
+  /// When forming this quorum gives up (`manager_options::quorum_timeout` from its start, on the
+  /// machine's clock), or the epoch where unknown (heal routes, a group's followers): a factory
+  /// bounds its rendezvous by it and sizes its communicator's own timeout from it
+  /// (`gloo::manager_factory`, `nccl::manager_factory`).
+  clock::time_point deadline{};
+  /// `manager_options::step_timeout`: the Manager ends every collective of a step by then (0 where
+  /// unknown).
+  std::chrono::milliseconds step_timeout{0};
+
+  /// What is left until `deadline`, `longest` at most (and where it is unknown), 1 ms at least:
+  /// the budget of a factory's rendezvous.
+  [[nodiscard]] std::chrono::milliseconds time_left(std::chrono::milliseconds longest) const {
+    if (deadline == clock::time_point{}) return longest;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+    return std::clamp(left, std::chrono::milliseconds(1), std::max(longest, std::chrono::milliseconds(1)));
+  }
+  /// A communicator's own collective timeout for this quorum, `longest` at most: its exchange and
+  /// heal end by `deadline`, a step's collectives by the Manager's step deadline, so the backend's
+  /// timeout is a backstop that never fires before those (docs/fault-tolerance.md, "Timing").
+  [[nodiscard]] std::chrono::milliseconds communicator_timeout(std::chrono::milliseconds longest) const {
+    return std::min(longest, std::max(time_left(longest), step_timeout));
+  }
 };
 
 /// Builds the communicator of one quorum (gloo through the store, NCCL with its unique id in

@@ -28,14 +28,15 @@ namespace ddp::nccl {
 
 /// A `communicator_factory` for `ddp::Manager`: for each quorum, rank 0 of the quorum publishes a
 /// fresh unique id under "nccl_unique_id" in `quorum_info::store` (a namespace of its own for
-/// every generation), the others wait for it (up to `opts.timeout`), and every member calls
+/// every generation), the others wait for it (up to `opts.timeout`, and no later than the quorum's
+/// deadline), and every member calls
 /// `communicator::create(id, q.rank, q.size, device, opts)`. The result keeps its device queue
 /// through `any_communicator`, so the Manager heals device state and Bucketers see the stream.
 /// @param device  CUDA device ordinal of this replica
 /// @param opts    options of every communicator created (a caller's `opts.stream` is shared by all)
 [[nodiscard]] inline communicator_factory manager_factory(int device, options opts = {}) {
   return [device, opts = std::move(opts)](const quorum_info& q) -> any_communicator {
-    const unique_id id = share_unique_id(q.store, q.rank, "nccl_unique_id", opts.timeout);
+    const unique_id id = share_unique_id(q.store, q.rank, "nccl_unique_id", q.time_left(opts.timeout));
     return any_communicator(communicator::create(id, q.rank, q.size, device, opts));
   };
 }
