@@ -473,9 +473,9 @@ TEST_CASE("exactly-once: two replicas crash in the same step", "[data][manager][
   report("two crash in one step (4 -> 2 replicas)", t);
 }
 
-// The stall is twice the collective timeout, but the peers wait instead of failing the step: the
-// Manager hands polling loops (Bucketer and reducer alike) a 24-hour deadline. The scenario shows
-// that a slow replica changes nothing.
+// The stall is twice the collective timeout: the peers' polled collectives time out (issue #43: a
+// tested work enforces its own timeout), the step fails, they re-form without the stalled replica,
+// and it rejoins and heals. Every sample is still trained exactly once.
 TEST_CASE("exactly-once: a replica stalls for twice the collective timeout", "[data][manager][fault]") {
   std::mt19937 rng(505);
   tally t;
