@@ -368,11 +368,9 @@ class Manager {
     timeline::scoped_span span(rec_, "manager", "quorum");
     const auto deadline = now() + opts_.quorum_timeout;
     std::string last_problem = "no attempt";
-    // Failed attempts back off to one a second: replicas that cannot form a quorum that commits
-    // (two restarted ones waiting for a holder of the state) must not churn generations.
-    stores::detail::backoff pause(std::chrono::seconds(1));
+    std::chrono::milliseconds pause{10};
     for (bool first = true;; first = false) {
-      if (!first) pause.sleep_until_next(deadline, opts_.time);
+      if (!first) detail::pause_before_retry(store_, opts_, pause, deadline, [this] { heartbeat(false); });
       if (now() >= deadline) {
         throw manager_error(
             rank_, "Manager::start_quorum",

@@ -81,6 +81,34 @@ inline void record_progress(ddp::stores::file_store& records, std::int64_t steps
   if (steps > seen) records.add("progress", steps - seen);
 }
 
+/// What the first of `ids` that committed step `s` recorded ("<members> <state hash>"), or "".
+inline std::string commit_of(ddp::stores::file_store& records, std::int64_t s, const std::vector<std::string>& ids) {
+  for (const auto& id : ids) {
+    if (auto v = records.get("c/" + std::to_string(s) + "/" + id)) return ddp::to_text(*v);
+  }
+  return {};
+}
+
+/// The first step from `from` on that none of `ids` committed: with every replica among `ids`,
+/// the steps the job committed so far. Exact, where "progress" is not (two replicas raising it at
+/// once may push it past the steps committed).
+inline std::int64_t first_uncommitted(ddp::stores::file_store& records, const std::vector<std::string>& ids,
+                                      std::int64_t from = 0) {
+  while (!commit_of(records, from, ids).empty()) ++from;
+  return from;
+}
+
+/// The first step from `from` on that `id` committed, up to the first that none of `ids` did;
+/// -1 if none.
+inline std::int64_t first_commit_of(ddp::stores::file_store& records, const std::string& id, std::int64_t from,
+                                    const std::vector<std::string>& ids) {
+  const std::int64_t head = first_uncommitted(records, ids, from);
+  for (std::int64_t s = from; s <= head; ++s) {
+    if (records.get("c/" + std::to_string(s) + "/" + id)) return s;
+  }
+  return -1;
+}
+
 /// How a trainer runs.
 struct trainer_setup {
   std::filesystem::path records;  ///< file store of the records (and "progress": steps committed)
@@ -94,6 +122,7 @@ struct trainer_setup {
   std::chrono::milliseconds quorum_timeout = 15s;
   std::chrono::milliseconds step_timeout = 5s;  ///< manager_options::step_timeout
   std::function<void(int)> on_broadcast{};      ///< runs before every broadcast of the Manager's communicator
+  std::function<void(std::int64_t)> on_step{};  ///< runs after each start_quorum(), with the step
   int active_replicas = 0;  ///< hot spares (manager_options::active_replicas); each commit records its participant rank
   ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  ///< manager_options::heal_over
 };
@@ -148,6 +177,7 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
     m.start_quorum();
     std::this_thread::sleep_for(2ms);
     const std::int64_t s = m.step();
+    if (setup.on_step) setup.on_step(s);
     for (std::size_t k = 0; k < dim; ++k) g[k] = p[k] - std::sin(0.3 * static_cast<double>(s) + static_cast<double>(k));
     grads.mark_ready(0);
     grads.finalize();

@@ -150,6 +150,43 @@ class process_group {
     return children_[static_cast<std::size_t>(rank)].out.output;
   }
 
+  /// Waits up to `limit` for child `rank` to end (it is reaped; `wait_all` reports it); true if it
+  /// did. A stopped child has not ended.
+  bool wait_one(int rank, std::chrono::milliseconds limit) {
+    child& c = children_[static_cast<std::size_t>(rank)];
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      drain();
+      if (c.reaped) return true;
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        record(c, status);
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  /// Waits up to `limit` for child `rank` to be stopped (SIGSTOP, e.g. raised by itself); true if
+  /// it is. False if it ended instead (it is reaped).
+  bool wait_stopped(int rank, std::chrono::milliseconds limit) {
+    child& c = children_[static_cast<std::size_t>(rank)];
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!c.reaped) {
+      drain();
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG | WUNTRACED) == c.pid) {
+        if (WIFSTOPPED(status)) return true;
+        record(c, status);
+        return false;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
   /// Waits for every child, up to `limit`; children still running then are SIGKILLed.
   std::vector<outcome> wait_all(std::chrono::milliseconds limit) {
     const auto deadline = std::chrono::steady_clock::now() + limit;

@@ -16,6 +16,8 @@
 #include <catch2/catch.hpp>
 #include <ddp/bucketer.hpp>
 #include <ddp/bucketing/fixed.hpp>
+#include <ddp/detail/describe_exception.hpp>
+#include <ddp/groups.hpp>
 #include <ddp/local.hpp>
 #include <ddp/manager.hpp>
 #include <ddp/stores/memory_store.hpp>
@@ -407,4 +409,98 @@ TEST_CASE("Manager healing: the state hash is XXH64, taken as the transfers land
   }
   CHECK(corrupted[1] != corrupted[0]);
   CHECK(corrupted[0] == landed[0]);
+}
+
+TEST_CASE("Manager: timing options that cannot work are refused, naming what to raise", "[local][manager][timing]") {
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric{ddp::local::options{.timeout = 3000ms, .faults = {}}};
+  std::vector<double> p(4, 0.0);
+  ddp::training_state state;
+  state.add(p);
+  const ddp::communicator_factory factory = [&](const ddp::quorum_info& q) {
+    return ddp::any_communicator(fabric.connect(replica_test::fabric_key(q), q.rank, q.size));
+  };
+  const auto refused = [&](ddp::manager_options o) -> std::string {
+    try {
+      ddp::Manager m(store, factory, state, o);
+    } catch (const ddp::usage_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto o = ddp::manager_options::fast_failover("r0");
+  CHECK(refused(o).empty());  // the preset is consistent
+  CHECK(o.step_timeout == 5000ms);
+  auto hb = o;
+  hb.heartbeat_timeout = hb.heartbeat_interval;  // a live replica would look dead between heartbeats
+  CHECK_THAT(refused(hb), Catch::Contains("heartbeat_timeout") && Catch::Contains("raise heartbeat_timeout"));
+  auto q = o;
+  q.quorum_timeout = q.heartbeat_timeout;  // no quorum could form without a hung member in time
+  CHECK_THAT(refused(q), Catch::Contains("quorum_timeout") && Catch::Contains("raise quorum_timeout"));
+  auto s = o;
+  s.step_timeout = 0ms;
+  CHECK_THAT(refused(s), Catch::Contains("step_timeout"));
+
+  // A replica group's inner communicator (3 s here) must outlast a follower's longest wait.
+  auto inner = fabric.connect("inner", 0, 1);
+  auto g = o;  // max(quorum_timeout 30 s, step_timeout 5 s + heartbeat_timeout 2 s) > 3 s
+  try {
+    ddp::GroupManager<ddp::local::communicator> gm(inner, store, factory, state, ddp::group_state::replicated, g);
+    FAIL("accepted an inner timeout shorter than a follower's wait");
+  } catch (const ddp::usage_error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("inner communicator's timeout (3000 ms)") &&
+                                          Catch::Contains("30000 ms") && Catch::Contains("raise"));
+  }
+  g.quorum_timeout = 2900ms;
+  g.step_timeout = 900ms;
+  CHECK_NOTHROW(
+      ddp::GroupManager<ddp::local::communicator>(inner, store, factory, state, ddp::group_state::replicated, g));
+}
+
+TEST_CASE("Manager: a collective that outlives the step's deadline fails the step, named, without a throw",
+          "[local][manager][timing]") {
+  // Two replicas; r1 never issues the step's allreduce (hung). r0's allreduce, only ever tested in
+  // a loop (as a reducer polls), fails at the step deadline: the step fails, the error names the
+  // collective and the deadline, and the communicator's own 60 s timeout plays no part.
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric{ddp::local::options{.timeout = 60000ms, .faults = {}}};
+  std::atomic<bool> r1_done{false};
+  std::string error;
+  double waited_ms = 0;
+  const auto run = [&](int id) {
+    std::vector<double> p(4, 1.0);
+    ddp::training_state state;
+    state.add(p);
+    auto o = replica_test::scenario_options();
+    o.replica_id = "r" + std::to_string(id);
+    o.min_replicas = 2;
+    o.step_timeout = 300ms;
+    ddp::Manager m(
+        store,
+        [&](const ddp::quorum_info& q) {
+          return ddp::any_communicator(fabric.connect(replica_test::fabric_key(q), q.rank, q.size));
+        },
+        state, o);
+    m.start_quorum();
+    if (id == 1) {  // hung: holds its communicator open, issues nothing
+      while (!r1_done) std::this_thread::sleep_for(1ms);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<ddp::tensor_view> views{ddp::view(p)};
+    ddp::work w = m.allreduce(views, ddp::reduce_op::sum);
+    while (!w.test()) std::this_thread::sleep_for(100us);
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    CHECK(m.failed());
+    error = ddp::detail::describe_exception(m.error());
+    r1_done = true;
+  };
+  std::thread t1([&] { run(1); });
+  run(0);
+  t1.join();
+  INFO(error);
+  CHECK(waited_ms >= 290);
+  CHECK(waited_ms < 5000);
+  CHECK_THAT(error, Catch::Contains("allreduce") && Catch::Contains("step_timeout 300 ms") &&
+                        Catch::Contains("waited") && !Catch::Contains("within the 0 ms"));
 }

@@ -47,7 +47,8 @@ namespace ddp {
 ///
 /// Every rank of the group calls `start_quorum()` and `should_commit()` at the same points; the
 /// followers wait for the leader there over the inner communicator, so its collective timeout
-/// must cover a quorum's forming (`quorum_timeout`) and a heal. A rank that fails or leaves ends
+/// must cover `max(quorum_timeout, step_timeout + heartbeat_timeout)` (checked where the inner
+/// communicator tells its timeout). A rank that fails or leaves ends
 /// its group: every other rank of it throws `replica_group_error` at its next inner exchange, and
 /// the group restarts as a whole, as one replica, and heals. The protocol and its rules:
 /// docs/fault-tolerance.md ("Replica groups"). Neither copyable nor movable.

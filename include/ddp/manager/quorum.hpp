@@ -12,6 +12,7 @@
 #include <climits>
 #include <optional>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -24,6 +25,7 @@
 #include <ddp/store.hpp>
 #include <ddp/stores/membership.hpp>
 #include <ddp/stores/prefix_store.hpp>
+#include <ddp/time_source.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp::detail {
@@ -135,6 +137,31 @@ struct installed_generation {
   g.timeout = std::max(std::chrono::milliseconds(1), std::min(left, opts.heartbeat_timeout + 4 * opts.settle));
   g.time = opts.time;
   return g;
+}
+
+/// Between failed attempts at a quorum (Manager::form_quorum), a pause that doubles from 10 ms to
+/// 1 s (`pause` is the next one): replicas that cannot form a quorum that commits (two restarted
+/// ones waiting for a holder of the state) must not churn generations. It sleeps in slices of
+/// `heartbeat_interval`, calling `heartbeat` after each, so this replica does not look dead, and a
+/// join request (a holder coming back) ends it at once.
+inline void pause_before_retry(store_ref store, const manager_options& opts, std::chrono::milliseconds& pause,
+                               clock::time_point deadline, const std::function<void()>& heartbeat) {
+  const auto until = std::min(deadline, now_of(opts.time) + pause);
+  pause = std::min(2 * pause, std::chrono::milliseconds(1000));
+  const auto joins = [&store]() -> std::int64_t {
+    try {
+      return store.add("joins", 0);
+    } catch (const ddp::error&) {  // the store hiccupped: no news
+      return -1;
+    }
+  };
+  const std::int64_t before = joins();
+  while (now_of(opts.time) < until) {
+    sleep_until_of(opts.time, std::min(until, now_of(opts.time) + opts.heartbeat_interval));
+    heartbeat();
+    const std::int64_t seen = joins();
+    if (before >= 0 && seen >= 0 && seen != before) return;
+  }
 }
 
 /// One replica's enrollment in the next generation.
