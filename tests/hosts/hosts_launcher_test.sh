@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests of `ddp-run --hosts` (scripts/ddp-hosts) with the real mpiexec: ranks land on the hosts
-# asked for, with their names and addresses; TCP crosses the hosts; a capped link is slower; a host
-# that dies, a job past its time limit and a killed launcher all end the job and leave no
+# asked for, with their names and addresses; TCP crosses the hosts; a capped link is slower; a
+# dropped link loses every packet and comes back with its cap; a host that dies, a job past its time limit and a killed launcher all end the job and leave no
 # namespace, link or process behind. Exit 77 (skipped) where test hosts cannot be made.
 # Usage: hosts_launcher_test.sh <path to ddp-run> <mpiexec>
 set -u
@@ -155,6 +155,41 @@ for sig in TERM KILL; do
   pgrep -f "$work/rank.sh" > /dev/null && fail "SIG$sig: a rank still runs"
   ok "launcher killed by SIG$sig: nothing left$([ "$sig" = KILL ] && echo " after the sweep")"
 done
+
+# 8. A dropped link (`link ID h2 drop`): h2 neither answers nor reaches anyone (a connect times out
+# where it was refused: no packet comes back), tc counts the drops on both ends, h1 still reaches
+# itself; `link up` restores the link and its rate cap. A port nobody listens on tells the two
+# apart without a server: refused means reached.
+cat > "$work/drop.sh" << 'R'
+#!/usr/bin/env bash
+reach() {  # reach FROM ADDR: refused, or timeout
+  "$TOOL" exec "$DDP_HOSTS_ID" "$1" timeout 2 bash -c "exec 3<> /dev/tcp/$2/29502" 2> /dev/null
+  case $? in 124) echo timeout ;; 0) echo connected ;; *) echo refused ;; esac
+}
+drops() { "$TOOL" exec "$DDP_HOSTS_ID" h2 tc -s qdisc show dev eth0 | grep -o 'dropped [0-9]*' | cut -d' ' -f2; }
+echo "before h1-h2 $(reach h1 10.77.0.2)"
+"$TOOL" link "$DDP_HOSTS_ID" h2 drop || exit 1
+at=$(dirname "$0")  # the probes that time out, at once
+reach h1 10.77.0.2 > "$at/12" &
+reach h2 10.77.0.1 > "$at/21" &
+reach h1 10.77.0.1 > "$at/11" &
+wait
+echo "dropped h1-h2 $(cat "$at/12") h2-h1 $(cat "$at/21") h1-h1 $(cat "$at/11")"
+echo "drops eth0 $(drops) veth $(tc -s qdisc show dev "${DDP_HOSTS_ID}h2" | grep -o 'dropped [0-9]*' | cut -d' ' -f2)"
+"$TOOL" link "$DDP_HOSTS_ID" h2 up || exit 1
+echo "restored h1-h2 $(reach h1 10.77.0.2) h2-h1 $(reach h2 10.77.0.1)"
+echo "cap $("$TOOL" exec "$DDP_HOSTS_ID" h2 tc qdisc show dev eth0 | grep -o 'rate [0-9]*Mbit') / $(tc qdisc show dev "${DDP_HOSTS_ID}h2" | grep -o 'rate [0-9]*Mbit')"
+R
+chmod +x "$work/drop.sh"
+out=$("$run" --hosts 2 --hosts-only --link-rate 100mbit --timeout 60 "$work/drop.sh" 2>&1)
+rc=$?
+[ $rc = 0 ] || fail "a dropped link: exit $rc: $out"
+grep -q "before h1-h2 refused" <<< "$out" || fail "h1 did not reach h2 before the drop: $out"
+grep -q "dropped h1-h2 timeout h2-h1 timeout h1-h1 refused" <<< "$out" || fail "a dropped link let packets through: $out"
+grep -Eq "drops eth0 [1-9][0-9]* veth [1-9]" <<< "$out" || fail "tc counted no drops on both ends: $out"
+grep -q "restored h1-h2 refused h2-h1 refused" <<< "$out" || fail "the link did not come back: $out"
+grep -q "cap rate 100Mbit / rate 100Mbit" <<< "$out" || fail "the rate cap did not come back: $out"
+ok "a dropped link: no packet either way, drops counted; up again with its 100 Mbit/s cap"
 
 # 7. Bad input: a clear error, no cluster.
 out=$("$run" --hosts 2 --ranks-per-host 1 -n 3 "$work/rank.sh" 2>&1)
