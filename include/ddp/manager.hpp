@@ -134,7 +134,11 @@ class Manager {
     // The vote may have completed on some members and failed on others: the store decides
     // (manager/decision.hpp). A member whose vote failed commits too if the step committed: it
     // voted yes, so its own collectives of the step completed.
-    if (commit || (vote_failed && participants_ >= opts_.min_replicas)) commit = decide(vote_failed);
+    auto decided = detail::commit_decision::commit;
+    if (commit || (vote_failed && participants_ >= opts_.min_replicas)) {
+      decided = decide(vote_failed);
+      commit = decided == detail::commit_decision::commit;
+    }
     span.set("commit", commit ? 1 : 0);
     if (vote[1]) needs_quorum_ = true;  // someone asked to join: re-form at the next start
     if (commit) {
@@ -152,7 +156,9 @@ class Manager {
          "step " + std::to_string(step_) + " discarded: " +
              (vote[0]                              ? describe_error()
               : participants_ < opts_.min_replicas ? "fewer than min_replicas participants"
-                                                   : "the store's decision: a member's failed vote came first"));
+              : decided == detail::commit_decision::unknown
+                  ? "the store could not say whether it committed elsewhere"
+                  : "the store's decision: a member's failed vote came first"));
     if (++consecutive_failures_ > opts_.max_consecutive_failures) {
       throw manager_error(
           rank_, "Manager::should_commit",
@@ -328,7 +334,7 @@ class Manager {
   // This member's part in the commit decision of the step (manager/decision.hpp). When it cannot
   // tell (the store failed), it does not apply the step and reports "needs healing" until it
   // receives the state from a member that holds it.
-  bool decide(bool vote_failed) {
+  detail::commit_decision decide(bool vote_failed) {
     detail::commit_decision d = detail::commit_decision::unknown;
     // A store that fails is tried again until quorum_timeout: without it no quorum forms anyway,
     // and giving up makes this member one that needs healing (the last holder of the state, it
@@ -336,22 +342,26 @@ class Manager {
     const auto deadline = now() + opts_.quorum_timeout;
     stores::detail::backoff pause(std::chrono::milliseconds(50));
     for (;;) {
+      // Gives up only after an attempt that began past the deadline failed: a member that hung
+      // (SIGSTOP) inside an attempt wakes past it and must ask the store once more, or the last
+      // holder of the state would stop the job (the simulation's hang fault, seed 10875).
+      const bool last = now() >= deadline;
       try {
         d = detail::decide_step(store_, generation_, step_, generation_start_, vote_failed, rank_);
         break;
       } catch (const ddp::error&) {
-        if (now() >= deadline) break;
+        if (last) break;
         pause.sleep_until_next(deadline, opts_.time);
       }
     }
-    if (d == detail::commit_decision::commit) return true;
+    if (d == detail::commit_decision::commit) return d;
     needs_quorum_ = true;
     if (d == detail::commit_decision::unknown) {
       needs_heal_ = true;
       emit(manager_event::kind::error,
            "step " + std::to_string(step_) + ": cannot tell whether it committed elsewhere; will receive the state");
     }
-    return false;
+    return d;
   }
 
   // Rank 0 keeps the store's "step_limit" ahead of the step it votes on (detail::raise_step_limit).

@@ -1,6 +1,6 @@
 // The Manager's protocol under deterministic simulation (docs/testing.md, "Deterministic
 // simulation"): replicas run the production Manager over a simulated store and communicator,
-// driven by one seeded scheduler that also crashes and restarts them, delays and fails store
+// driven by one seeded scheduler that also crashes, hangs and restarts them, delays and fails store
 // operations, delays deliveries, and cuts replicas off from the store and from each other. After
 // every event the invariants are checked:
 //   1. every replica that commits step s holds the same state as every other one committing s,
@@ -11,7 +11,10 @@
 // A failing seed prints its number, its trace, and replays exactly with DDP_SIM_SEED=<n>.
 // Environment: DDP_SIM_SEEDS (how many, default `default_seeds`), DDP_SIM_FIRST (the first,
 // default 1), DDP_SIM_JOBS (threads running seeds side by side, default one per core),
-// DDP_SIM_SEED (just this one, with its trace).
+// DDP_SIM_SEED (just this one, with its trace), DDP_SIM_HANGS=0 (no hangs: the schedules from
+// before them).
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -48,7 +51,14 @@ using namespace std::chrono_literals;
 // process that gives the core away (std::this_thread::yield, in work::wait_all's polling loop)
 // gives it to no one: it already let the others run at the scheduling point in its poll. The
 // system call, though, was half of the simulation's time. In this executable it returns at once.
+// So does sleeping, as in group_sim_test.cpp: work::wait_all's idle_backoff sleeps up to 1 ms
+// between polls once a wait is 2 ms old on the machine's clock, but every poll moves virtual time
+// already. Those real sleeps made this program twice as slow (for the same CPU time), and let
+// wait_all's deadline (on the machine's clock) pass before a collective's virtual one, so a seed
+// could replay differently from run to run (seeds 188 and 92625, 2 of 336 checked).
 extern "C" int sched_yield() noexcept { return 0; }
+extern "C" int nanosleep(const struct timespec*, struct timespec*) noexcept { return 0; }
+extern "C" int clock_nanosleep(clockid_t, int, const struct timespec*, struct timespec*) noexcept { return 0; }
 
 namespace {
 
@@ -59,8 +69,7 @@ using sim::oracle;
 
 constexpr std::size_t dim = 4;
 // Seeds a run covers unless DDP_SIM_SEEDS says otherwise, the regression seeds after them: about
-// 20 s on the 2-core machine, under 40 s with another process busy on one core (docs/testing.md;
-// a CI run should take at most a minute).
+// 37 s on the 2-core machine (docs/testing.md).
 constexpr std::uint64_t default_seeds = 15000;
 
 struct scenario {
@@ -69,6 +78,7 @@ struct scenario {
   std::chrono::milliseconds chaos{3000};   // faults happen before this (virtual time)
   std::chrono::milliseconds bound{20000};  // liveness: everything done by chaos + bound
   ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  // manager_options::heal_over
+  bool hangs = true;  // the supervisor hangs replicas (chaos.hpp); false: the schedules from before hangs
 };
 
 // One simulated job: replicas, a supervisor that injects faults and restarts what died.
@@ -88,7 +98,7 @@ class job {
   std::vector<std::string> run() {
     for (int r = 0; r < sc_.replicas; ++r) start(r);
     sched_.spawn("supervisor", [this] { supervise(); });
-    const bool finished = sched_.run(clock_start() + sc_.chaos + sc_.bound);
+    const bool finished = sim::run_job(sched_, clock_start() + sc_.chaos, sc_.bound);
     if (!finished)
       oracle_.violated("liveness (invariant 4): " + sched_.why() + " before every replica reached step " +
                        std::to_string(sc_.target));
@@ -198,6 +208,7 @@ class job {
                           }
                         },
                     .restart = [this] { restart_dead(); },
+                    .hang = hang_move(),
                     .name = [this](int r) { return id_of(r); }});
     for (;;) {
       restart_dead();
@@ -206,6 +217,13 @@ class job {
     }
     stop_ = true;
     for (int r = 0; r < sc_.replicas; ++r) sched_.kill(pids_[r]);  // the job ends
+  }
+
+  // The supervisor's hang: any replica, the last holder too (it comes back with its state), and a
+  // hung replica counts as alive (killing another holder may leave it the last one).
+  std::function<void(int, clock::time_point)> hang_move() {
+    if (!sc_.hangs) return {};
+    return [this](int r, clock::time_point until) { sim::hang_process(sched_, oracle_, pids_[r], id_of(r), until); };
   }
 
   // Some replica other than r is alive and committed the latest step: killing r cannot lose the
@@ -247,8 +265,8 @@ class job {
 };
 
 // Runs one seed; on a violation, reports it with the trace's tail.
-bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over) {
-  job j(seed, scenario{.replicas = 3 + static_cast<int>(seed % 3), .heal_over = heal_over});
+bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over, bool hangs = sim::hangs_wanted()) {
+  job j(seed, scenario{.replicas = 3 + static_cast<int>(seed % 3), .heal_over = heal_over, .hangs = hangs});
   const auto violations = j.run();
   if (violations.empty() && !verbose) return true;
   std::ostringstream out;
@@ -259,7 +277,8 @@ bool run_seed(std::uint64_t seed, bool verbose, ddp::heal_transport heal_over) {
   for (std::size_t i = from; i < t.size(); ++i) out << "    " << t[i] << "\n";
   if (verbose) out << "closed member lists:\n" << j.generations();
   out << "replay: DDP_SIM_SEED=" << seed << " "
-      << (heal_over == ddp::heal_transport::source_routes ? "DDP_SIM_ROUTES=1 " : "") << "manager_sim\n";
+      << (heal_over == ddp::heal_transport::source_routes ? "DDP_SIM_ROUTES=1 " : "")
+      << (hangs ? "" : "DDP_SIM_HANGS=0 ") << "manager_sim\n";
   std::fputs(out.str().c_str(), stderr);
   return violations.empty();
 }
@@ -296,8 +315,12 @@ TEST_CASE("Manager simulation: the seeds that once failed still pass", "[sim][ma
     if (line.empty() || line[0] == '#') continue;
     seeds.push_back(std::strtoull(line.c_str(), nullptr, 10));
   }
+  // Each seed twice: without hangs, the schedule that found the violation of a seed listed before
+  // hangs existed (the hang took a move that was nothing: without it, every seed replays what it
+  // did before, byte for byte); with them, as every seed found since.
   const auto failed = sim::run_seeds("manager_sim", seeds, "regression seeds", [](std::uint64_t seed) {
-    return run_seed(seed, false, ddp::heal_transport::quorum_broadcast);
+    return run_seed(seed, false, ddp::heal_transport::quorum_broadcast, false) &&
+           run_seed(seed, false, ddp::heal_transport::quorum_broadcast, true);
   });
   INFO(seeds.size() << " regression seeds, failed: " << joined(failed));
   CHECK(failed.empty());

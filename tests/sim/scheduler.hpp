@@ -6,6 +6,7 @@
 // Time is virtual: it moves only when no process can run, to the earliest deadline one of them
 // waits for. So one seed is one interleaving and one timing, replayed exactly, and the protocol
 // code under test is the production code, given this scheduler as its `ddp::time_source`.
+// A process can also hang (`freeze`): it is not picked until a virtual time, while time moves on.
 //
 // The processes are fibers on the scheduler's thread (fiber.hpp): a hand-off is a user-space
 // context switch, not two trips through the kernel's scheduler as with one thread per process.
@@ -66,10 +67,33 @@ class scheduler final : public ddp::time_source {
     return procs_.back()->id;
   }
 
-  /// Process `id` dies at its next scheduling point (at once if it is waiting).
+  /// Process `id` dies at its next scheduling point (at once if it is waiting, or hung: a
+  /// stopped process dies of SIGKILL too).
   void kill(int id) {
     proc& p = *procs_.at(static_cast<std::size_t>(id));
-    if (p.state != proc::done) p.kill = true;
+    if (p.state == proc::done) return;
+    p.kill = true;
+    p.frozen_until = {};
+  }
+
+  /// Process `id` hangs where it waits until virtual time `until`, as under SIGSTOP then SIGCONT:
+  /// the scheduler does not pick it meanwhile, whatever it waits for, but it keeps everything it
+  /// holds (its communicators, its place in collectives, its store session) and its deadlines keep
+  /// passing. It waits at a scheduling point, so it holds no lock of the shared world: the store
+  /// and the network are changed only between scheduling points. False if it ended or is dying.
+  bool freeze(int id, clock::time_point until) {
+    proc& p = *procs_.at(static_cast<std::size_t>(id));
+    if (p.state == proc::done || p.kill) return false;
+    p.frozen_until = std::max(p.frozen_until, until);
+    return true;
+  }
+  [[nodiscard]] bool frozen(int id) const { return procs_.at(static_cast<std::size_t>(id))->frozen_until > now_; }
+  /// When the last hang ends, or ended by itself (a killed process's hang does not count): a job's
+  /// faults last until then at least (the epoch if it had no hang).
+  [[nodiscard]] clock::time_point last_thaw() const noexcept {
+    clock::time_point t = last_thaw_;
+    for (const proc* p : live_) t = std::max(t, p->frozen_until);
+    return t;
   }
   [[nodiscard]] bool alive(int id) const { return procs_.at(static_cast<std::size_t>(id))->state != proc::done; }
   [[nodiscard]] const std::string& name(int id) const { return procs_.at(static_cast<std::size_t>(id))->name; }
@@ -90,6 +114,11 @@ class scheduler final : public ddp::time_source {
       bool any = false;
       for (proc* p : live_) {  // in the order of their ids, as the draw below expects
         any = true;
+        if (p->frozen_until > now_) {  // hung: only time moves it (to its end, if nothing else runs)
+          next = std::min(next, p->frozen_until);
+          continue;
+        }
+        if (p->frozen_until != clock::time_point{}) thaw(*p);
         if (p->state == proc::runnable || p->kill || (p->until && (*p->until)()) || p->wake <= now_) {
           runnable.push_back(p);
         } else {
@@ -169,6 +198,7 @@ class scheduler final : public ddp::time_source {
     const std::function<bool()>* until = nullptr;  // what a blocked process waits for (may be null)
     clock::time_point wake{};                      // ... or until when
     bool kill = false;
+    clock::time_point frozen_until{};  // hung until then (freeze); before the epoch: not hung
     std::exception_ptr error;
     scheduler* owner = nullptr;
     std::function<void()> body;
@@ -191,6 +221,12 @@ class scheduler final : public ddp::time_source {
   }
 
   static clock::time_point epoch() { return clock::time_point(std::chrono::hours(1)); }
+
+  // A hang ended: the process is picked again as what it waits for allows.
+  void thaw(proc& p) {
+    last_thaw_ = std::max(last_thaw_, p.frozen_until);
+    p.frozen_until = {};
+  }
 
   // Hands control to the driver; returns when this process is picked again.
   void block(const std::function<bool()>& ready, clock::time_point wake) {
@@ -217,6 +253,7 @@ class scheduler final : public ddp::time_source {
   int running_ = -1;
   std::string why_;
   std::uint64_t steps_ = 0;
+  clock::time_point last_thaw_ = epoch();
 };
 
 }  // namespace sim

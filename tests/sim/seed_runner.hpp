@@ -20,6 +20,10 @@ inline std::uint64_t env_or(const char* name, std::uint64_t fallback) {
   return v ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
+/// Whether the supervisor hangs processes (chaos.hpp): DDP_SIM_HANGS=0 turns hangs off, and every
+/// seed replays the schedule it had before them.
+inline bool hangs_wanted() { return env_or("DDP_SIM_HANGS", 1) != 0; }
+
 // Runs `seeds` on DDP_SIM_JOBS threads (default: one per core), each thread taking the next seed
 // not taken yet. A seed is a job of its own (its scheduler, store, network and fibers live on the
 // thread that runs it, and share nothing), so which thread runs it changes nothing in it: its
