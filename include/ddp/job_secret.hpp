@@ -9,7 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -26,8 +29,9 @@ namespace ddp {
 /// A job's shared secret (its bytes; empty = none). The bytes are wiped when an object dies.
 class job_secret {
  public:
-  /// Shortest secret accepted: a guessable one would prove nothing.
-  static constexpr std::size_t min_bytes = 16;
+  /// Shortest secret accepted, in bytes of randomness: a guessable one would prove nothing (one
+  /// observed exchange lets anyone test guesses offline).
+  static constexpr std::size_t min_bytes = 32;
   /// The environment variable `from_environment()` reads; `scripts/ddp-run` sets it.
   static constexpr const char* default_variable = "DDP_JOB_SECRET";
 
@@ -57,12 +61,18 @@ class job_secret {
   /// Wipes the bytes.
   ~job_secret() { wipe(); }
 
-  /// The secret `text` (at least `min_bytes` bytes). @throws usage_error if shorter
+  /// How to make a secret, for error messages.
+  static constexpr const char* how_to_make =
+      "make one with `openssl rand -hex 32` (or job_secret::generate()); scripts/ddp-run sets a fresh one for "
+      "every job";
+
+  /// The secret `text`: at least `min_bytes` random bytes. Text made only of printable characters
+  /// must be hex (at least 64 digits) or base64 (at least 43 characters) that looks random
+  /// (`looks_random`): a passphrase is refused, however long.
+  /// @throws usage_error saying what is wrong and how to make a good one
   [[nodiscard]] static job_secret of(std::string_view text) {
-    if (text.size() < min_bytes) {
-      throw usage_error(
-          -1, "job secret",
-          "a job secret needs at least " + std::to_string(min_bytes) + " bytes, got " + std::to_string(text.size()));
+    if (const char* problem = weakness(text)) {
+      throw usage_error(-1, "job secret", std::string(problem) + "; " + how_to_make);
     }
     job_secret s;
     s.bytes_.resize(text.size());
@@ -153,6 +163,44 @@ class job_secret {
       out += digits[c & 15];
     }
     return out;
+  }
+
+  /// Why `text` is no secret (a sentence), or nullptr when it is one (see `of`).
+  [[nodiscard]] static const char* weakness(std::string_view text) noexcept {
+    if (text.size() < min_bytes) return "a job secret needs at least 32 random bytes (64 hex digits)";
+    const auto printable = [](unsigned char c) { return c >= 0x20 && c < 0x7f; };
+    if (!std::all_of(text.begin(), text.end(), [&](char c) { return printable(static_cast<unsigned char>(c)); })) {
+      return nullptr;  // bytes, not text: taken as they are
+    }
+    const auto in = [&](std::string_view alphabet) {
+      return text.find_first_not_of(alphabet) == std::string_view::npos;
+    };
+    if (in("0123456789abcdefABCDEF")) {
+      if (text.size() < 2 * min_bytes) return "a hex job secret needs at least 64 digits (32 bytes)";
+      return looks_random(text, 3.0) ? nullptr : "the hex job secret does not look random (too few distinct digits)";
+    }
+    if (in("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_=")) {
+      if (text.size() < 43) return "a base64 job secret needs at least 43 characters (32 bytes)";
+      return looks_random(text, 4.0) ? nullptr : "the base64 job secret does not look random (too few distinct characters)";
+    }
+    return "a printable job secret must be hex or base64 of 32 random bytes, not a passphrase";
+  }
+
+  /// Whether the characters of `text` carry at least `bits` bits each by their frequencies (the
+  /// empirical Shannon entropy): random hex has about 3.7 in 64 digits, random base64 about 5 in
+  /// 43 characters; "aaaa..." or a word repeated has much less. A screen for mistakes, not proof
+  /// of randomness.
+  [[nodiscard]] static bool looks_random(std::string_view text, double bits) noexcept {
+    std::array<std::size_t, 256> count{};
+    for (char c : text) ++count[static_cast<unsigned char>(c)];
+    double h = 0;
+    const auto n = static_cast<double>(text.size());
+    for (std::size_t k : count) {
+      if (k == 0) continue;
+      const double p = static_cast<double>(k) / n;
+      h -= p * std::log2(p);
+    }
+    return h >= bits;
   }
 
   /// True when there is no secret.

@@ -5,6 +5,8 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -68,12 +70,29 @@ void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, co
   }
 }
 
+/// This host's first IPv4 address that is not loopback ("" if it has none).
+std::string first_non_loopback_ipv4() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return {};
+  std::string found;
+  for (const ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof(text))) {
+      found = text;
+    }
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
 }  // namespace
 
 TEST_CASE("gloo auth: ranks holding the same secret connect and reduce", "[gloo][auth]") {
   temp_dir dir("gloo-auth-same");
+  const auto secret = ddp::job_secret::generate();
   process_group g(3, [&](int rank, const reporter& rep) {
-    connect_and_reduce(dir.path(), rank, 3, options_with(ddp::job_secret::of("same secret for all ranks")), rep);
+    connect_and_reduce(dir.path(), rank, 3, options_with(secret), rep);
   });
   const auto outs = g.wait_all(30s);
   INFO(gloo_test::describe_all(outs));
@@ -86,9 +105,9 @@ TEST_CASE("gloo auth: ranks holding the same secret connect and reduce", "[gloo]
 TEST_CASE("gloo auth: a peer with another secret is refused on both sides, naming the pair", "[gloo][auth]") {
   temp_dir dir("gloo-auth-other");
   const auto t0 = std::chrono::steady_clock::now();
+  const auto ours = ddp::job_secret::generate(), theirs = ddp::job_secret::generate();
   process_group g(2, [&](int rank, const reporter& rep) {
-    const char* secret = rank == 0 ? "the job's secret, rank 0" : "someone else's secret!";
-    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of(secret), 20s), rep);
+    connect_and_reduce(dir.path(), rank, 2, options_with(rank == 0 ? ours : theirs, 20s), rep);
   });
   const auto outs = g.wait_all(30s);
   INFO(gloo_test::describe_all(outs));
@@ -96,8 +115,14 @@ TEST_CASE("gloo auth: a peer with another secret is refused on both sides, namin
     REQUIRE(o.ok());
     CHECK(o.value("result") == "communication");
     const std::string peer = o.rank == 0 ? "1" : "0";
-    CHECK_THAT(o.value("what"), Catch::Contains("gloo connection to rank " + peer) &&
-                                    Catch::Contains("does not hold this job's secret"));
+    // Rank 0 checks rank 1's proof first and refuses it: it never sends its own.
+    CHECK_THAT(o.value("what"), Catch::Contains("gloo connection to rank " + peer));
+    if (o.rank == 0) {
+      CHECK_THAT(o.value("what"), Catch::Contains("did not prove this communicator's job secret") &&
+                                      Catch::Contains("nothing derived from the secret"));
+    } else {
+      CHECK_THAT(o.value("what"), Catch::Contains("did not authenticate") && Catch::Contains("refused this rank's proof"));
+    }
   }
   // Refused at once, not at the 20 s connect deadline.
   CHECK(std::chrono::steady_clock::now() - t0 < 8s);
@@ -107,7 +132,7 @@ TEST_CASE("gloo auth: a peer without a secret is an error within the connect dea
   temp_dir dir("gloo-auth-none");
   const auto t0 = std::chrono::steady_clock::now();
   process_group g(2, [&](int rank, const reporter& rep) {
-    auto secret = rank == 0 ? ddp::job_secret::of("rank 0 has a secret") : ddp::job_secret{};
+    auto secret = rank == 0 ? ddp::job_secret::generate() : ddp::job_secret{};
     connect_and_reduce(dir.path(), rank, 2, options_with(std::move(secret), 2s), rep);
   });
   const auto outs = g.wait_all(30s);
@@ -122,15 +147,104 @@ TEST_CASE("gloo auth: a peer without a secret is an error within the connect dea
 TEST_CASE("gloo auth: the secret from a file is checked like an ssh key", "[gloo][auth]") {
   temp_dir dir("gloo-auth-file");
   const auto path = (dir.path() / "secret").string();
-  { std::ofstream(path) << "a secret of enough length\n"; }
+  const std::string hex = ddp::job_secret::random_hex(32);
+  { std::ofstream(path) << hex << "\n"; }
   std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   const auto s = ddp::job_secret::from_file(path);
-  CHECK(s.bytes().size() == std::string("a secret of enough length").size());
+  CHECK(s.bytes().size() == hex.size());
   std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::add);
   CHECK_THROWS_WITH(ddp::job_secret::from_file(path), Catch::Contains("mode 640") && Catch::Contains("chmod 600"));
   std::filesystem::create_symlink(path, dir.path() / "link");
   CHECK_THROWS_AS(ddp::job_secret::from_file((dir.path() / "link").string()), ddp::usage_error);
-  CHECK_THROWS_WITH(ddp::job_secret::of("short"), Catch::Contains("at least 16 bytes"));
+}
+
+TEST_CASE("gloo auth: short, passphrase and low-entropy secrets are refused, saying how to make one", "[gloo][auth]") {
+  const auto refused = [](const std::string& text, const char* why) {
+    INFO(text);
+    CHECK_THROWS_WITH(ddp::job_secret::of(text), Catch::Contains(why) && Catch::Contains("openssl rand -hex 32"));
+  };
+  refused("short", "at least 32 random bytes");
+  refused(ddp::job_secret::random_hex(16), "at least 64 digits");  // 16 bytes as 32 hex digits
+  refused(ddp::job_secret::random_hex(24), "at least 64 digits");  // 48 hex digits
+  refused("correct horse battery staple", "at least 32 random bytes");
+  refused("correct horse battery staple, correct horse battery staple", "not a passphrase");
+  refused("correcthorsebatterystaplecorrecthorsebatterystaple", "does not look random");
+  refused(std::string(64, '0'), "does not look random");
+  refused(std::string(32, 'a') + std::string(32, 'b'), "does not look random");
+  // What generate(), `openssl rand -hex 32` and `openssl rand -base64 32` make is accepted.
+  for (int i = 0; i < 1000; ++i) CHECK_NOTHROW(ddp::job_secret::of(ddp::job_secret::random_hex(32)));
+  CHECK_NOTHROW(ddp::job_secret::of("mJ0p4tQmJx0x7wP2cQe1n8dZ3VYhG9aKsT6uLrB5oFI="));
+  CHECK_FALSE(ddp::job_secret::generate().empty());
+  // Bytes that are not text (a key file) are taken as they are, from 32 up.
+  std::string raw(32, '\0');
+  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<char>(i * 7 + 1);
+  CHECK_NOTHROW(ddp::job_secret::of(raw));
+  CHECK_THROWS_WITH(ddp::job_secret::of(raw.substr(1)), Catch::Contains("at least 32 random bytes"));
+}
+
+TEST_CASE("gloo auth: without a secret, a communicator other hosts can reach refuses to start", "[gloo][auth]") {
+  using ddp::gloo::detail::peer_record;
+  ddp::gloo::options o;
+  o.secret = {};
+  CHECK_FALSE(ddp::gloo::detail::reachable_from_other_hosts(o));  // 127.0.0.1, the default
+  o.hostname = "localhost";
+  CHECK_FALSE(ddp::gloo::detail::reachable_from_other_hosts(o));
+  o.hostname = "10.1.2.3";
+  CHECK(ddp::gloo::detail::reachable_from_other_hosts(o));
+  o.interface = "lo";
+  CHECK_FALSE(ddp::gloo::detail::reachable_from_other_hosts(o));
+  o.interface = "eth0";
+  CHECK(ddp::gloo::detail::reachable_from_other_hosts(o));
+
+  const std::vector<peer_record> one_host{{{}, false, "n1"}, {{}, false, "n1"}};
+  const std::vector<peer_record> two_hosts{{{}, true, "n1"}, {{}, true, "n2"}};
+  const std::vector<peer_record> reachable{{{}, false, "n1"}, {{}, true, "n1"}};
+  ddp::gloo::options none;
+  none.secret = {};
+  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(one_host, none, 1));
+  CHECK_THROWS_WITH(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1),
+                    Catch::Contains("spans 2 hosts ('n1', 'n2')") && Catch::Contains("DDP_JOB_SECRET") &&
+                        Catch::Contains("insecure_no_secret"));
+  CHECK_THROWS_AS(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1), ddp::usage_error);
+  CHECK_THROWS_WITH(ddp::gloo::detail::check_secret_rule(reachable, none, 0),
+                    Catch::Contains("listens where other hosts can reach it (rank 1)"));
+  none.insecure_no_secret = true;
+  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1));
+  ddp::gloo::options with;
+  with.secret = ddp::job_secret::generate();
+  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(two_hosts, with, 1));
+
+  // Over real processes: listening on this host's non-loopback address without a secret is
+  // refused on every rank before anything connects; on loopback it runs.
+  const std::string address = first_non_loopback_ipv4();
+  if (address.empty()) std::cout << "no non-loopback IPv4 address: only loopback is tried\n";
+  temp_dir dir("gloo-auth-closed");
+  process_group g(2, [&](int rank, const reporter& rep) {
+    st::file_store store(dir.path());
+    ddp::gloo::options opts = options_with({}, 5s);
+    opts.key_prefix = "lo/";
+    ddp::gloo::communicator c(store, rank, 2, opts);
+    std::vector<float> v(8, 1.0f);
+    ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
+    rep.set("loopback", v[0] == 2.0f ? "ok" : "wrong");
+    if (address.empty()) return;
+    opts.key_prefix = "any/";
+    opts.hostname = address;
+    try {
+      ddp::gloo::communicator open(store, rank, 2, opts);
+      rep.set("any", "started");
+    } catch (const ddp::usage_error& e) {
+      rep.set("any", e.what());
+    }
+  });
+  const auto outs = g.wait_all(30s);
+  INFO(gloo_test::describe_all(outs));
+  for (const auto& o : outs) {
+    REQUIRE(o.ok());
+    CHECK(o.value("loopback") == "ok");
+    if (address.empty()) continue;
+    CHECK_THAT(o.value("any"), Catch::Contains("listens where other hosts can reach it") && Catch::Contains("no job secret"));
+  }
 }
 
 namespace {
@@ -241,6 +355,7 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
   }
   const auto mode = GENERATE(stranger_mode::silent, stranger_mode::garbage, stranger_mode::zeros);
   temp_dir dir("gloo-auth-stranger");
+  const auto secret = ddp::job_secret::generate();
   int ports_pipe[2];
   REQUIRE(::pipe(ports_pipe) == 0);
   // Rank 1 starts late, so the stranger is at rank 0's ports first.
@@ -248,7 +363,7 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
     ::close(ports_pipe[0]);
     ::close(ports_pipe[1]);
     if (rank == 1) std::this_thread::sleep_for(700ms);
-    connect_and_reduce(dir.path(), rank, 2, options_with(ddp::job_secret::of("the job's own secret"), 2500ms), rep);
+    connect_and_reduce(dir.path(), rank, 2, options_with(secret, 2500ms), rep);
   });
   const pid_t stranger_pid = other_user::start([&] {
     ::close(ports_pipe[1]);

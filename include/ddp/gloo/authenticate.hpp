@@ -1,32 +1,48 @@
 #pragma once
 /// @file gloo/authenticate.hpp
 /// @brief Every gloo pair proves the job's secret, both ways, right after connecting and before
-/// any data moves: a process outside the job that connected first to a rank's port becomes a
-/// clean error naming the pair, not a peer that reads or writes gradients.
+/// any data moves, with proofs bound to this one communicator (detail/peer_proof.hpp): a process
+/// outside the job that connected first to a rank's port, or that relays proofs between two
+/// communicators, becomes a clean error naming the pair, not a peer that reads or writes
+/// gradients. Without a secret, a communicator other hosts can reach refuses to start.
 ///
-/// The exchange (challenge-response, HMAC-SHA256; docs/security.md "gloo pairs"): each side
-/// sends a fresh 32-byte nonce, then the HMAC under the secret of (label, key prefix, size,
-/// sender, receiver, sender's nonce, receiver's nonce). Naming sender and receiver stops a
-/// stranger from reflecting a rank's own answer back to it; fresh nonces stop replays.
+/// The steps (docs/security.md, "Pair authentication"):
+/// 1. Before connecting, each rank publishes a record through the store: a fresh member nonce,
+///    its host name, and whether it listens where other hosts can reach. The records decide the
+///    secret rule (`check_secret_rule`) identically on every rank, and their nonces make the
+///    communicator's binding.
+/// 2. After gloo's full mesh connected: each side of each pair sends a fresh connection nonce;
+///    the higher rank sends its proof; the lower rank verifies it, and only then sends its own;
+///    the higher rank verifies that.
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
 #include <memory>
+#include <set>
 #include <span>
-#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <gloo/common/error.h>
 #include <gloo/context.h>
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
-#include <ddp/detail/hmac_sha256.hpp>
+#include <ddp/detail/peer_proof.hpp>
 #include <ddp/error.hpp>
+#include <ddp/gloo/options.hpp>
 #include <ddp/job_secret.hpp>
 #include <ddp/work.hpp>
 
@@ -36,58 +52,164 @@ namespace ddp::gloo::detail {
 /// reduce-scatter 0x40).
 inline constexpr std::uint8_t authenticate_slot_prefix = 0x41;
 
-/// What the HMAC covers besides the nonces: the protocol, the communicator and the direction.
-[[nodiscard]] inline ddp::detail::sha256_digest pair_proof(const job_secret& secret, std::string_view key_prefix,
-                                                           int size, int sender, int receiver,
-                                                           std::span<const std::byte> sender_nonce,
-                                                           std::span<const std::byte> receiver_nonce) {
-  static constexpr std::string_view label = "ddp gloo pair authentication v1";
-  const std::array<std::int32_t, 3> ints{size, sender, receiver};
-  const std::array<std::span<const std::byte>, 5> parts{std::as_bytes(std::span(label)),
-                                                        std::as_bytes(std::span(key_prefix)),
-                                                        std::as_bytes(std::span(ints)), sender_nonce, receiver_nonce};
-  return ddp::detail::hmac_sha256(secret.bytes(), parts);
+/// What each rank publishes before connecting (step 1 of the file comment).
+struct peer_record {
+  ddp::detail::proof_nonce nonce{};  ///< fresh per communicator: the binding's input
+  bool reachable = false;            ///< listens on an address other than loopback
+  std::string host;                  ///< gethostname()
+};
+
+/// Whether a communicator listening per `opts` can be reached from other hosts: anything but an
+/// address that resolves to loopback only (127.0.0.0/8, ::1) or the interface "lo".
+[[nodiscard]] inline bool reachable_from_other_hosts(const options& opts) {
+  if (!opts.interface.empty()) return opts.interface != "lo";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(opts.hostname.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return true;
+  bool loopback_only = true;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      const auto* b = reinterpret_cast<const unsigned char*>(&in->sin_addr);
+      loopback_only = loopback_only && b[0] == 127;
+    } else if (a->ai_family == AF_INET6) {
+      static constexpr unsigned char one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback_only = loopback_only && std::memcmp(&in6->sin6_addr, one, 16) == 0;
+    } else {
+      loopback_only = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return !loopback_only;
 }
 
-/// Runs the exchange with every peer of `ctx` (a no-op for an empty secret or one rank).
+/// Publishes this rank's record under "peer_<rank>" and reads every rank's (waiting, within the
+/// store's connect deadline, for ranks that have not published yet).
+[[nodiscard]] inline std::vector<peer_record> exchange_records(::gloo::rendezvous::Store& store, int rank, int size,
+                                                               const options& opts) {
+  const auto key = [](int r) { return "peer_" + std::to_string(r); };
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) name[0] = '\0';
+  peer_record mine{ddp::detail::fresh_nonce(), reachable_from_other_hosts(opts), name.data()};
+  std::vector<char> bytes(mine.nonce.size() + 1 + mine.host.size());
+  std::memcpy(bytes.data(), mine.nonce.data(), mine.nonce.size());
+  bytes[mine.nonce.size()] = mine.reachable ? 1 : 0;
+  std::memcpy(bytes.data() + mine.nonce.size() + 1, mine.host.data(), mine.host.size());
+  store.set(key(rank), bytes);
+  std::vector<peer_record> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    auto& out = all[static_cast<std::size_t>(r)];
+    if (r == rank) {
+      out = mine;
+      continue;
+    }
+    const std::vector<char> b = store.get(key(r));
+    if (b.size() < out.nonce.size() + 1 || (b[out.nonce.size()] != 0 && b[out.nonce.size()] != 1)) {
+      throw communication_error(rank, "gloo connect",
+                                "rank " + std::to_string(r) + " published a malformed peer record (" +
+                                    std::to_string(b.size()) + " bytes): a ddp of another version, or not ddp");
+    }
+    std::memcpy(out.nonce.data(), b.data(), out.nonce.size());
+    out.reachable = b[out.nonce.size()] == 1;
+    out.host.assign(b.begin() + static_cast<std::ptrdiff_t>(out.nonce.size() + 1), b.end());
+  }
+  return all;
+}
+
+/// The secret rule, decided alike on every rank from the records: with a secret, nothing to
+/// check; without one, a communicator that spans hosts or listens where other hosts can reach
+/// refuses to start unless `opts.insecure_no_secret`; on one host over loopback, rank 0 prints
+/// one line saying the pairs are not authenticated.
+/// @throws usage_error saying why, and how to set a secret
+inline void check_secret_rule(const std::vector<peer_record>& records, const options& opts, int rank) {
+  if (!opts.secret.empty() || records.size() < 2) return;
+  std::set<std::string> hosts;
+  int reachable = -1;
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    hosts.insert(records[r].host);
+    if (records[r].reachable && reachable < 0) reachable = static_cast<int>(r);
+  }
+  if (hosts.size() < 2 && reachable < 0) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "ddp: gloo communicator of %zu ranks on one host without a job secret: its pairs are not "
+                   "authenticated; set %s (docs/security.md)\n",
+                   records.size(), job_secret::default_variable);
+    }
+    return;
+  }
+  if (opts.insecure_no_secret) return;
+  const std::string where = hosts.size() >= 2 ? "spans " + std::to_string(hosts.size()) + " hosts ('" +
+                                                    *hosts.begin() + "', '" + *std::next(hosts.begin()) + "'" +
+                                                    (hosts.size() > 2 ? ", ..." : "") + ")"
+                                              : "listens where other hosts can reach it (rank " +
+                                                    std::to_string(reachable) + ")";
+  throw usage_error(rank, "gloo connect",
+                    "this communicator " + where + " and has no job secret: any process that reaches its ports "
+                    "could join it and read or inject data. Set " + std::string(job_secret::default_variable) +
+                        " to the same secret on every process (" + job_secret::how_to_make +
+                        "), or set gloo::options::insecure_no_secret = true to run unauthenticated anyway "
+                        "(docs/security.md)");
+}
+
+/// The communicator's binding (detail/peer_proof.hpp) from every rank's record.
+[[nodiscard]] inline ddp::detail::sha256_digest binding_of(const std::vector<peer_record>& records,
+                                                           std::string_view key_prefix) noexcept {
+  std::vector<ddp::detail::proof_nonce> nonces;
+  nonces.reserve(records.size());
+  for (const auto& r : records) nonces.push_back(r.nonce);
+  return ddp::detail::communicator_binding("ddp gloo communicator", key_prefix, static_cast<int>(records.size()),
+                                           nonces);
+}
+
+/// Runs step 2 of the file comment with every peer of `ctx` (a no-op for an empty secret or one
+/// rank).
 /// @throws communication_error naming the pair whose peer answered wrong or closed;
 ///         timeout_error naming the pair whose peer did not answer by `deadline`
-inline void authenticate_pairs(::gloo::Context& ctx, const job_secret& secret, std::string_view key_prefix,
-                               clock::time_point deadline) {
+inline void authenticate_pairs(::gloo::Context& ctx, const job_secret& secret,
+                               const ddp::detail::sha256_digest& binding, clock::time_point deadline) {
   const int rank = ctx.rank;
   const int size = ctx.size;
   if (secret.empty() || size < 2) return;
   using block = std::array<std::byte, 32>;
   const auto n = static_cast<std::size_t>(size);
-  std::vector<block> mine(n), theirs(n), sent(n), received(n);
-  for (auto& b : mine) job_secret::fill_random(b);
+  std::vector<block> mine(n), theirs(n), proofs(n), received(n);
+  for (auto& b : mine) b = ddp::detail::fresh_nonce();
   static constexpr const char* op = "gloo connect: authentication";
   const auto pair = [](int peer) { return "the gloo connection to rank " + std::to_string(peer); };
-  // One round: send out[p] to and receive in[p] from every peer, all posted before any wait.
-  const auto round = [&](std::vector<block>& out, std::vector<block>& in, std::uint32_t tag) {
+  // One round: send out[p] to the peers `send_to` picks and receive in[q] from those `receive_from`
+  // picks, all posted before any wait.
+  const auto round = [&](std::vector<block>& out, std::vector<block>& in, std::uint32_t tag,
+                         const std::function<bool(int)>& send_to, const std::function<bool(int)>& receive_from) {
     const auto slot = ::gloo::Slot::build(authenticate_slot_prefix, tag);
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends(n), recvs(n);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       const auto i = static_cast<std::size_t>(p);
-      recvs[i] = ctx.createUnboundBuffer(in[i].data(), in[i].size());
-      recvs[i]->recv(p, slot);
-      sends[i] = ctx.createUnboundBuffer(out[i].data(), out[i].size());
-      sends[i]->send(p, slot);
+      if (receive_from(p)) {
+        recvs[i] = ctx.createUnboundBuffer(in[i].data(), in[i].size());
+        recvs[i]->recv(p, slot);
+      }
+      if (send_to(p)) {
+        sends[i] = ctx.createUnboundBuffer(out[i].data(), out[i].size());
+        sends[i]->send(p, slot);
+      }
     }
     for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
       const auto i = static_cast<std::size_t>(p);
+      if (p == rank || (!recvs[i] && !sends[i])) continue;
       const auto left = std::max(std::chrono::milliseconds(1),
                                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()));
       try {
-        recvs[i]->waitRecv(left);
-        sends[i]->waitSend(left);
+        if (recvs[i]) recvs[i]->waitRecv(left);
+        if (sends[i]) sends[i]->waitSend(left);
       } catch (const ::gloo::IoException& e) {
         const std::string what = e.what();
         const std::string hint = " (a process outside the job may hold this rank's port: it connected first; or rank " +
-                                 std::to_string(p) + " has no job secret: is " + job_secret::default_variable +
-                                 " set there?)";
+                                 std::to_string(p) + " refused this rank's proof, or has no job secret: is " +
+                                 job_secret::default_variable + " set there?)";
         if (what.find("Timed out") != std::string::npos) {
           throw timeout_error(rank, op, pair(p) + " did not authenticate: no answer: gloo: " + what + hint);
         }
@@ -95,24 +217,40 @@ inline void authenticate_pairs(::gloo::Context& ctx, const job_secret& secret, s
       }
     }
   };
-  round(mine, theirs, 0);
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
+  const auto proof_for = [&](int p) {
     const auto i = static_cast<std::size_t>(p);
-    sent[i] = pair_proof(secret, key_prefix, size, rank, p, mine[i], theirs[i]);
+    return ddp::detail::peer_proof(secret, binding, rank, p, mine[i], theirs[i]);
+  };
+  const auto check = [&](int p, bool sent_own) {
+    const auto i = static_cast<std::size_t>(p);
+    const auto expected = ddp::detail::peer_proof(secret, binding, p, rank, theirs[i], mine[i]);
+    if (ddp::detail::constant_time_equal(expected, received[i])) return;
+    throw communication_error(
+        rank, op,
+        "the peer on " + pair(p) + " did not prove this communicator's job secret (" +
+            (sent_own ? "this rank had sent its own proof, bound to this communicator and this connection"
+                      : "this rank sent it a nonce and nothing derived from the secret") +
+            "): a process outside the job connected first to a port of this communicator or relays another "
+            "communicator's proofs, or the ranks were given different secrets");
+  };
+  const auto higher = [rank](int p) { return ddp::detail::proves_first(p, rank); };
+  const auto lower = [rank](int p) { return ddp::detail::proves_first(rank, p); };
+  const auto everyone = [](int) { return true; };
+  round(mine, theirs, 0, everyone, everyone);
+  // Higher ranks prove first; this rank checks their proofs before sending its own to them.
+  for (int p = 0; p < size; ++p) {
+    if (lower(p)) proofs[static_cast<std::size_t>(p)] = proof_for(p);
   }
-  round(sent, received, 1);
+  round(proofs, received, 1, lower, higher);
   for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    const auto i = static_cast<std::size_t>(p);
-    const auto expected = pair_proof(secret, key_prefix, size, p, rank, theirs[i], mine[i]);
-    if (!ddp::detail::constant_time_equal(expected, received[i])) {
-      throw communication_error(rank, op,
-                                "the peer on " + pair(p) +
-                                    " does not hold this job's secret; nothing was sent to it (a process "
-                                    "outside the job connected first to this rank's port, or the ranks were given "
-                                    "different secrets)");
-    }
+    if (higher(p)) check(p, false);
+  }
+  for (int p = 0; p < size; ++p) {
+    if (higher(p)) proofs[static_cast<std::size_t>(p)] = proof_for(p);
+  }
+  round(proofs, received, 2, higher, lower);
+  for (int p = 0; p < size; ++p) {
+    if (lower(p)) check(p, true);
   }
 }
 

@@ -94,8 +94,10 @@ class communicator {
     connect_info.rank = rank;
     connect_info.name = "connect";
     try {
+      const auto records = detail::exchange_records(rendezvous, rank, size, opts);
+      detail::check_secret_rule(records, opts, rank);
       ctx->connectFullMesh(rendezvous, device);
-      detail::authenticate_pairs(*ctx, opts.secret, opts.key_prefix, deadline);
+      detail::authenticate_pairs(*ctx, opts.secret, detail::binding_of(records, opts.key_prefix), deadline);
       rendezvous.connected();
     } catch (...) {
       const auto e = detail::translate_current_exception(connect_info);

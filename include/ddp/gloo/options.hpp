@@ -36,9 +36,14 @@ struct options {
   std::string interface {};
   /// The job's secret, proven over every pair right after connecting and before any data moves
   /// (gloo/authenticate.hpp). Default: environment variable DDP_JOB_SECRET, which
-  /// `scripts/ddp-run` sets; empty (unset) = pairs are not authenticated. Every rank needs the
-  /// same one: docs/security.md.
+  /// `scripts/ddp-run` sets; empty (unset) = pairs are not authenticated, which only a
+  /// communicator on one host over loopback accepts (see `insecure_no_secret`). Every rank needs
+  /// the same one: docs/security.md.
   job_secret secret = job_secret::from_environment();
+  /// Lets a communicator without a secret start although it spans hosts or listens where other
+  /// hosts can reach it (without this, that is a usage_error). Insecure: any process that reaches
+  /// its ports can then join it and read or inject gradients (docs/security.md).
+  bool insecure_no_secret = false;
   /// Encrypt and mutually authenticate every pair with gloo's TLS transport. Only where gloo was
   /// built with it (GLOO_HAVE_TRANSPORT_TCP_TLS; Debian's libgloo is not): elsewhere asking for
   /// it is a usage_error. The job secret authenticates without encrypting (docs/security.md).

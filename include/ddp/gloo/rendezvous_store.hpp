@@ -106,9 +106,10 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
     }
   }
 
-  // gloo's keys are "<rank>" (addresses) and "rank_<rank>" (host names): name the member.
+  // gloo's keys are "<rank>" (addresses) and "rank_<rank>" (host names), ddp's "peer_<rank>"
+  // (gloo/authenticate.hpp): name the member.
   static std::string member_of(const std::string& key) {
-    const std::string digits = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
+    const std::string digits = key.rfind("rank_", 0) == 0 || key.rfind("peer_", 0) == 0 ? key.substr(5) : key;
     const bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
     return numeric ? "rank " + digits : "key '" + key + "'";
   }
