@@ -128,6 +128,87 @@ TEST_CASE("gloo auth: a peer with another secret is refused on both sides, namin
   CHECK(std::chrono::steady_clock::now() - t0 < 8s);
 }
 
+namespace {
+
+/// Connects a bare gloo pair through `dir`'s store and runs ddp's authentication on it, each rank
+/// proving and checking with the binding `bind(rank)` gives; reports "ok" or the error.
+void authenticate_spliced(const std::filesystem::path& dir, int rank, const ddp::job_secret& secret,
+                          const ddp::detail::sha256_digest& binding, const reporter& rep) {
+  st::file_store store(dir);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  ddp::gloo::detail::rendezvous_store rendezvous(store, "mesh/", rank, deadline);
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = ::gloo::transport::tcp::CreateDevice(attr);
+  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, 2);
+  ctx->setTimeout(5s);
+  ctx->connectFullMesh(rendezvous, device);
+  try {
+    ddp::gloo::detail::authenticate_pairs(*ctx, secret, binding, deadline);
+    rep.set("result", "ok");
+  } catch (const ddp::timeout_error& e) {
+    rep.set("result", "timeout");
+    rep.set("what", e.what());
+  } catch (const ddp::communication_error& e) {
+    rep.set("result", "communication");
+    rep.set("what", e.what());
+  }
+}
+
+/// A communicator's binding from fresh member records, as every rank of it computes.
+ddp::detail::sha256_digest fresh_binding(const std::string& key_prefix) {
+  std::vector<ddp::gloo::detail::peer_record> records(2);
+  for (auto& r : records) r.nonce = ddp::detail::fresh_nonce();
+  return ddp::gloo::detail::binding_of(records, key_prefix);
+}
+
+}  // namespace
+
+TEST_CASE("gloo auth: proofs relayed between two communicators of one size and one secret are refused",
+          "[gloo][auth][relay]") {
+  // What a relay achieves: rank 0 of communicator A and rank 1 of communicator B (both of size 2,
+  // one secret, the same key prefix: two replica groups of one job, or two jobs sharing an
+  // exported secret) end up on one connection, each believing the other is its own peer. Here the
+  // connection is spliced directly (a bare gloo pair); in the field a stranger forwards bytes.
+  const auto secret = ddp::job_secret::generate();
+  const auto a = fresh_binding("gloo/"), b = fresh_binding("gloo/");
+  const auto run = [&](const char* name, const ddp::detail::sha256_digest& of_rank0,
+                       const ddp::detail::sha256_digest& of_rank1) {
+    temp_dir dir(name);
+    process_group g(2, [&](int rank, const reporter& rep) {
+      authenticate_spliced(dir.path(), rank, secret, rank == 0 ? of_rank0 : of_rank1, rep);
+    });
+    return g.wait_all(30s);
+  };
+  SECTION("relayed: both sides refuse, each naming the connection; the checking side sent nothing derived") {
+    const auto outs = run("gloo-auth-relay", a, b);
+    INFO(gloo_test::describe_all(outs));
+    for (const auto& o : outs) REQUIRE(o.ok());
+    CHECK(outs[0].value("result") == "communication");
+    CHECK_THAT(outs[0].value("what"), Catch::Contains("gloo connection to rank 1 did not prove this communicator's job "
+                                                      "secret") &&
+                                          Catch::Contains("nothing derived from the secret") &&
+                                          Catch::Contains("relays another communicator's proofs"));
+    CHECK(outs[1].value("result") != "ok");
+    CHECK_THAT(outs[1].value("what"), Catch::Contains("gloo connection to rank 0 did not authenticate"));
+  }
+  SECTION("control: one communicator's binding on both sides authenticates") {
+    const auto outs = run("gloo-auth-relay-control", a, a);
+    INFO(gloo_test::describe_all(outs));
+    for (const auto& o : outs) {
+      REQUIRE(o.ok());
+      CHECK(o.value("result") == "ok");
+    }
+  }
+  SECTION("control: a binding of only the key prefix and size (the proof before #44) lets the relay through") {
+    const ddp::detail::proof_nonce none{};
+    const std::array<ddp::detail::proof_nonce, 2> same{none, none};
+    const auto unbound = ddp::detail::communicator_binding("ddp gloo communicator", "gloo/", 2, same);
+    const auto outs = run("gloo-auth-relay-unbound", unbound, unbound);
+    for (const auto& o : outs) CHECK(o.value("result") == "ok");
+  }
+}
+
 TEST_CASE("gloo auth: a peer without a secret is an error within the connect deadline", "[gloo][auth]") {
   temp_dir dir("gloo-auth-none");
   const auto t0 = std::chrono::steady_clock::now();
