@@ -28,6 +28,7 @@
 #include <ddp/gloo.hpp>
 #include <ddp/job_secret.hpp>
 #include <ddp/stores/file_store.hpp>
+#include <ddp/stores/prefix_store.hpp>
 
 #include "../common/other_user.hpp"
 #include "process_group.hpp"
@@ -478,6 +479,184 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
     // The job proceeds (the stranger's connection was never accepted) or fails with an error.
     if (result != "ok") CHECK_FALSE(o.value("what").empty());
   }
+}
+
+namespace {
+
+/// A store that holds back one key's `set` by `delay`: a member whose address arrives late, so
+/// that its peer's listening port is open, waiting, for that long.
+struct late_key_store {
+  ddp::store_ref inner;
+  std::string late_key;
+  std::chrono::milliseconds delay;
+  void set(std::string_view key, std::span<const std::byte> value) {
+    if (key == late_key) std::this_thread::sleep_for(delay);
+    inner.set(key, value);
+  }
+  std::optional<ddp::store_value> get(std::string_view key) { return inner.get(key); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) { inner.wait(keys, timeout); }
+  std::int64_t add(std::string_view key, std::int64_t delta) { return inner.add(key, delta); }
+  std::size_t erase_prefix(std::string_view prefix) { return inner.erase_prefix(prefix); }
+};
+
+/// The ports `pid` listens on at 127.0.0.1.
+std::set<int> loopback1_ports(pid_t pid) {
+  std::set<int> out;
+  for (int port : listening_ports({pid})) out.insert(port);
+  std::set<int> on_1;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string sl, local;
+    in >> sl >> local;
+    const int port = std::stoi(local.substr(local.find(':') + 1), nullptr, 16);
+    if (local.rfind("0100007F:", 0) == 0 && out.count(port) != 0) on_1.insert(port);
+  }
+  return on_1;
+}
+
+/// As uid 65534: reads two ports ("A B\n") from `ports_fd`, connects to both at 127.0.0.1 and
+/// forwards every byte each way until either side closes. Exit code: 0 if bytes went both ways
+/// and no float of the ranks' pattern crossed; 3 if one did; 4 if the relay never carried bytes
+/// both ways; 5 if it could not connect.
+int relay(int ports_fd) {
+  std::string text;
+  char c = 0;
+  while (::read(ports_fd, &c, 1) == 1 && c != '\n') text += c;
+  std::istringstream in(text);
+  int port_a = 0, port_b = 0;
+  if (!(in >> port_a >> port_b)) return 5;
+  const auto dial = [](int port) {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ::close(s);
+      return -1;
+    }
+    return s;
+  };
+  const int a = dial(port_a), b = dial(port_b);
+  if (a < 0 || b < 0) return 5;
+  std::string seen;
+  std::size_t a_to_b = 0, b_to_a = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  bool open = true;
+  while (open && std::chrono::steady_clock::now() < deadline) {
+    pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (::poll(fds, 2, 50) < 0) break;
+    for (int i = 0; i < 2 && open; ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n <= 0) {
+        open = false;
+        break;
+      }
+      const int to = i == 0 ? b : a;
+      (void)!::write(to, buf, static_cast<std::size_t>(n));
+      (i == 0 ? a_to_b : b_to_a) += static_cast<std::size_t>(n);
+      seen.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(a);
+  ::close(b);
+  std::printf("relay: %zu bytes a->b, %zu bytes b->a\n", a_to_b, b_to_a);
+  for (std::size_t i = 0; i + sizeof(float) <= seen.size(); ++i) {
+    float f = 0;
+    std::memcpy(&f, seen.data() + i, sizeof(f));
+    if (f == pattern) return 3;
+  }
+  return a_to_b > 0 && b_to_a > 0 ? 0 : 4;
+}
+
+}  // namespace
+
+TEST_CASE("gloo auth: a stranger relaying between two communicators of one size and one secret gets nothing across",
+          "[gloo][auth][stranger]") {
+  if (!other_user::can_switch_user()) {
+    std::cout << "SKIP: not root, cannot run a stranger as another user\n";
+    return;
+  }
+  // Communicators A (processes 0, 1) and B (processes 2, 3), both of size 2 under one secret and
+  // key prefix "gloo/": two jobs sharing an exported secret (two store directories), or two
+  // replica groups of one job (one directory, two namespaces). Rank 0 of A and rank 1 of B listen
+  // on 127.0.0.1, their peers on 127.0.0.2, so A0's and B1's pairs are the listening sides (gloo
+  // listens on the smaller address); the peers publish their addresses 1.5 s late. The stranger,
+  // uid 65534, connects to A0's and B1's ports first and forwards bytes between them: A0 and B1
+  // then share a connection, each taking the other for its own peer, ranks 0 and 1 as they
+  // expect. Before #44 they accepted each other's proofs and reduced together through it.
+  const bool one_job = GENERATE(false, true);
+  const auto secret = ddp::job_secret::generate();
+  temp_dir dir_a(one_job ? "gloo-relay-job" : "gloo-relay-a"), dir_b("gloo-relay-b");
+  int ports_pipe[2];
+  REQUIRE(::pipe(ports_pipe) == 0);
+  process_group g(4, [&](int process, const reporter& rep) {
+    ::close(ports_pipe[0]);
+    ::close(ports_pipe[1]);
+    const bool in_a = process < 2;
+    const int rank = process % 2;
+    const bool first = in_a ? rank == 0 : rank == 1;  // the listening side
+    st::file_store files((in_a || one_job ? dir_a : dir_b).path());
+    st::prefix_store<st::file_store> ns(files, one_job ? (in_a ? "group-a/" : "group-b/") : "");
+    late_key_store store{ddp::store_ref(ns), first ? "" : "gloo/" + std::to_string(rank), 1500ms};
+    auto opts = options_with(secret, 8s);
+    opts.hostname = first ? "127.0.0.1" : "127.0.0.2";
+    try {
+      ddp::gloo::communicator c(store, rank, 2, opts);
+      std::vector<float> v(4096, pattern);
+      ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
+      rep.set("result", "ok");
+    } catch (const ddp::timeout_error& e) {
+      rep.set("result", "timeout");
+      rep.set("what", e.what());
+    } catch (const ddp::communication_error& e) {
+      rep.set("result", "communication");
+      rep.set("what", e.what());
+    }
+  });
+  const pid_t stranger_pid = other_user::start([&] {
+    ::close(ports_pipe[1]);
+    return relay(ports_pipe[0]);
+  });
+  ::close(ports_pipe[0]);
+  // A0's and B1's ports, as soon as both listen.
+  std::set<int> a0, b1;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while ((a0.empty() || b1.empty()) && std::chrono::steady_clock::now() < until) {
+    a0 = loopback1_ports(g.pid(0));
+    b1 = loopback1_ports(g.pid(3));
+    std::this_thread::sleep_for(2ms);
+  }
+  const auto ignore_sigpipe = std::signal(SIGPIPE, SIG_IGN);
+  if (!a0.empty() && !b1.empty()) {
+    const std::string line = std::to_string(*a0.begin()) + " " + std::to_string(*b1.begin()) + "\n";
+    (void)!::write(ports_pipe[1], line.data(), line.size());
+  }
+  ::close(ports_pipe[1]);
+  std::signal(SIGPIPE, ignore_sigpipe);
+  const auto outs = g.wait_all(40s);
+  const int stranger_code = other_user::wait(stranger_pid);
+  INFO((one_job ? "one job" : "two jobs") << "; A0 ports " << a0.size() << ", B1 ports " << b1.size() << "\n"
+                                          << gloo_test::describe_all(outs));
+  REQUIRE(a0.size() == 1);
+  REQUIRE(b1.size() == 1);
+  CHECK(stranger_code == 0);  // 3: the ranks' data crossed; 4: the relay carried nothing; 127: crashed
+  for (const auto& o : outs) {
+    REQUIRE(o.exited);  // never a crash
+    CHECK(o.code == 0);
+    CHECK(o.value("result") != "ok");
+    CHECK_FALSE(o.value("what").empty());
+  }
+  // A0 checks B1's proof first (B1 is rank 1: it proves first) and refuses it, sending nothing
+  // derived from the secret; B1 then finds the connection closed.
+  CHECK_THAT(outs[0].value("what"), Catch::Contains("did not prove this communicator's job secret") &&
+                                        Catch::Contains("nothing derived from the secret"));
+  CHECK_THAT(outs[3].value("what"), Catch::Contains("gloo connection to rank 0 did not authenticate"));
 }
 
 TEST_CASE("gloo auth: TLS where gloo has it, a clear error where it does not", "[gloo][auth]") {
