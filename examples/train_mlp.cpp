@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     ddp::mpi::environment env(&argc, &argv);
-    auto comm = ddp::world(env);  // shared memory inside a node, MPI between nodes
+    auto comm = ddp::world(env);  // shared memory inside a node, TCP between nodes
     train(comm, trace_dir, slow_rank);
     return 0;
   } catch (const std::exception& e) {

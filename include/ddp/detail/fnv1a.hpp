@@ -1,8 +1,9 @@
 #pragma once
 /// @file detail/fnv1a.hpp
-/// @brief 64-bit FNV-1a, the one hash ddp computes where the value must be the same in every
-/// process: layout fingerprints compared across ranks, the stores' frame checksum (kept in files
-/// and Redis), the host hash of timeline traces, the Manager's state hash.
+/// @brief 64-bit FNV-1a, the hash ddp computes where the value must be the same in every process:
+/// layout fingerprints compared across ranks, the stores' frame checksum (kept in files and Redis)
+/// and the file store's file names, the host hash of timeline traces. Not the Manager's state
+/// hash: that is XXH64 (manager/heal.hpp says why).
 ///
 /// std::hash promises nothing across processes or library versions; FNV-1a is fixed by its
 /// definition (offset basis 0xcbf29ce484222325, prime 0x100000001b3, one XOR and one multiply per

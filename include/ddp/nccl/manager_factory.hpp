@@ -31,7 +31,11 @@ namespace ddp::nccl {
 /// every generation), the others wait for it (up to `opts.timeout`, and no later than the quorum's
 /// deadline), and every member calls
 /// `communicator::create(id, q.rank, q.size, device, opts)`. The result keeps its device queue
-/// through `any_communicator`, so the Manager heals device state and Bucketers see the stream.
+/// through `any_communicator`, so the Manager heals and hashes device state on its stream. A
+/// Bucketer over the Manager does not follow the stream: it reads `device_queue()` once, at
+/// construction (bucketer/buckets.hpp), and the Manager's is empty between quorums and changes
+/// with each one (`Manager::device_queue`); device gradients through a Manager's Bucketer are not
+/// supported (docs/design.md, "Not implemented").
 /// @param device  CUDA device ordinal of this replica
 /// @param opts    options of every communicator created (a caller's `opts.stream` is shared by all)
 [[nodiscard]] inline communicator_factory manager_factory(int device, options opts = {}) {
