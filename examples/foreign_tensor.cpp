@@ -5,11 +5,14 @@
 //
 //   mpiexec -n 2 ./foreign_tensor      or      ./foreign_tensor --threads 2
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
@@ -125,21 +128,44 @@ void run(ddp::communicator_ref comm) {
       grads.finalize();
     }
     const float mean_rank = static_cast<float>(comm.size() + 1) / 2.0f;
-    const bool ok = static_cast<float*>(gw.storage)[0] == mean_rank &&
-                    static_cast<double*>(gb.storage)[0] == 10.0 * mean_rank &&
-                    static_cast<float>(static_cast<ddp::half*>(gs.storage)[0]) == 0.5f * mean_rank;
+    bool ok = true;  // every element of the three arrays holds the mean over the ranks
+    for (std::size_t i = 0; i < gw.elements(); ++i) ok = ok && static_cast<float*>(gw.storage)[i] == mean_rank;
+    for (std::size_t i = 0; i < gb.elements(); ++i) ok = ok && static_cast<double*>(gb.storage)[i] == 10.0 * mean_rank;
+    for (std::size_t i = 0; i < gs.elements(); ++i) {
+      ok = ok && static_cast<float>(static_cast<ddp::half*>(gs.storage)[i]) == 0.5f * mean_rank;
+    }
     std::printf("rank %d: averaged f32/f64/f16 gradients of acme arrays over %d ranks: %s (%zu buckets)\n", rank,
                 comm.size(), ok ? "correct" : "WRONG", grads.layout().size());
     if (!ok) throw std::runtime_error("wrong averages");
   }
+  // Every rank must hold the same gradients, bit for bit: a hash of every byte of the three
+  // gradient arrays, gathered from every rank and compared.
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (const acme::NDArray* g : {&gw, &gb, &gs}) {
+    const auto* p = static_cast<const unsigned char*>(g->storage);
+    const std::size_t bytes =
+        ddp::tensor_traits<acme::NDArray>::size(*g) * ddp::size_of(ddp::tensor_traits<acme::NDArray>::dtype(*g));
+    for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  }
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)}, all(n);
+  comm.allgather(ddp::view(mine), ddp::view(all)).wait();
+  bool identical = true;
+  for (auto x : all) identical = identical && x == mine[0];
+  if (rank == 0) {
+    std::printf("gradients bit-identical on all %d ranks: %s (hash %016llx)\n", comm.size(), identical ? "yes" : "NO",
+                static_cast<unsigned long long>(h));
+  }
+  if (!identical) throw std::runtime_error("gradients differ across ranks");
+
+  // Destroying the Bucketer removed its hooks from acme's graph, on every rank.
   std::printf("rank %d: hooks in acme's graph: %zu while the Bucketer lived, %zu after it was destroyed\n", rank,
               hooks_while_alive, graph.hook_count());
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(graph.hook_count())},
-      all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(ddp::view(mine), ddp::view(all)).wait();
+  std::vector<std::int64_t> left{static_cast<std::int64_t>(graph.hook_count())}, lefts(n);
+  comm.allgather(ddp::view(left), ddp::view(lefts)).wait();
   bool clean = true;
-  for (auto h : all) clean = clean && h == 0;
-  if (rank == 0) std::printf("gradients identical on all %d ranks: %s\n", comm.size(), clean ? "yes" : "NO");
+  for (auto k : lefts) clean = clean && k == 0;
+  if (rank == 0) std::printf("no hooks left in acme's graph on all %d ranks: %s\n", comm.size(), clean ? "yes" : "NO");
   if (!clean) throw std::runtime_error("hooks left behind");
 }
 
@@ -152,7 +178,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     ddp::mpi::environment env(&argc, &argv);
-    auto comm = ddp::world(env);  // shared memory inside a node, MPI between nodes
+    auto comm = ddp::world(env);  // shared memory inside a node, TCP between nodes
     run(comm);
     return 0;
   } catch (const std::exception& e) {

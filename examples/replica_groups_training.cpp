@@ -3,7 +3,8 @@
 // and a file store. One process of group g1 is killed with SIGKILL mid-training: its group-mate
 // stops too (the group shares its fate), g0 and g2 go on without g1; the launcher restarts g1 as
 // two fresh processes, which rejoin, heal (each rank half of the state, from the same-index ranks
-// of g0 and g2 at once) and finish with the others. At the end all six hold identical parameters.
+// of g0 and g2 at once) and finish with the others. At the end all six hold bit-identical parameters
+// and momentum (each trainer hashes their bits; the launcher compares the hashes).
 //
 //   ./replica_groups_training
 //
@@ -16,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,10 +115,18 @@ int train(const std::string& group, int index, int incarnation, const std::strin
     std::fflush(stdout);
     return 3;
   }
-  double sum = 0;
-  for (const float x : w) sum += x;
-  char text[64];
-  std::snprintf(text, sizeof text, "%.9g", sum);
+  // The bits of the parameters and the momentum (FNV-1a over every float's bytes): the launcher
+  // compares the six hashes, so equal means bit-identical, not equal after rounding.
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto* v : {&w, &momentum}) {
+    for (const float x : *v) {
+      std::uint32_t b = 0;
+      std::memcpy(&b, &x, 4);
+      h = (h ^ b) * 0x100000001b3ull;
+    }
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
   store.set("result/" + me, ddp::as_bytes(std::string(text)));
   return 0;
 }
@@ -183,8 +193,8 @@ int launch(const std::string& self) {
   }
   bool same = ok;
   for (const auto& r : results) same = same && r == results.front() && r != "missing";
-  std::printf("launcher: all %d trainers finished with identical parameters (sum %s): %s\n", groups * group_size,
-              results.front().c_str(), same ? "yes" : "NO");
+  std::printf("launcher: all %d trainers finished with bit-identical parameters and momentum (hash %s): %s\n",
+              groups * group_size, results.front().c_str(), same ? "yes" : "NO");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return same ? 0 : 1;

@@ -20,7 +20,7 @@ build="${DDP_BUILD_DIR:-$root/build/default}"
 # Ninja for a new build tree (it keeps both cores busier than make); an existing tree keeps its own.
 generator=()
 [ -f "$build/CMakeCache.txt" ] || ! command -v ninja > /dev/null || generator=(-G Ninja)
-cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "$@"
 cmake --build "$build" -j "$(nproc)"
 # MPI tests (and jobs across test hosts, label hosts: docs/launching.md) oversubscribe 2 cores
 # already: run them one at a time, the rest in parallel.
