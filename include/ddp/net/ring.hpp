@@ -8,6 +8,13 @@
 /// direction at a time in this pattern (about half the link across test hosts). Every member
 /// ends with the same bits (each block is reduced along one path, then copied around). See
 /// docs/backends-sockets.md.
+///
+/// Who may join: each member listens only on the addresses it publishes, and every connection
+/// starts with the handshake of net/ring_handshake.hpp. With the job's secret on every member,
+/// both ends prove it, bound to this ring instance. Without one, a ring whose members are all on
+/// one host greets with a token agreed over the members' allgather (a stranger cannot join by
+/// mistake); a ring that spans hosts refuses to start unless every member allows it
+/// (`insecure_no_secret`).
 
 #include <algorithm>
 #include <array>
@@ -19,31 +26,21 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ddp/detail/host_reduce.hpp>
 #include <ddp/dtype.hpp>
 #include <ddp/error.hpp>
+#include <ddp/job_secret.hpp>
+#include <ddp/net/ring_handshake.hpp>
 #include <ddp/net/socket.hpp>
 #include <ddp/reduce_op.hpp>
 #include <ddp/tensor.hpp>
 
 namespace ddp::net {
-
-/// What each member publishes before the ring connects (a fixed-size record, allgathered).
-struct ring_record {
-  static constexpr std::uint32_t magic_value = 0x64647052;  ///< "ddpR": a ring's record or greeting
-  static constexpr std::size_t max_addresses = 8;           ///< addresses a record carries at most
-  std::uint32_t magic = magic_value;                        ///< `magic_value`
-  std::uint32_t index = 0;                                  ///< the member's index in the ring
-  std::uint64_t token = 0;                             ///< random; the ring's token is the XOR of all members' tokens
-  std::uint16_t port = 0;                              ///< the member's listening port
-  std::uint16_t addresses = 0;                         ///< entries of `address` in use
-  std::array<std::uint32_t, max_addresses> address{};  ///< IPv4, network byte order
-};
 
 /// A TCP ring among node leaders (see the file comment). Move-only; a default-constructed or
 /// one-member ring has nothing to do.
@@ -51,50 +48,57 @@ class ring {
  public:
   /// Connects member `index` of `count` into the ring. `allgather(record)` must return every
   /// member's `ring_record` in index order (the shm communicator passes the leaders'
-  /// communicator's allgather). `interface`: publish only that interface's addresses (empty:
-  /// every interface that is up). Collective over the members; throws communication_error or
-  /// timeout_error naming the neighbour that could not be reached.
+  /// communicator's allgather). `interface`: publish, and listen on, only that interface's
+  /// addresses (empty: every interface that is up). `secret`: the job's secret, which every
+  /// connection proves (see the file comment); empty: none. `insecure_no_secret`: without a
+  /// secret, let a ring that spans hosts start unauthenticated (any host that reaches its ports
+  /// can join it and read or inject data). Collective over the members; every member takes the
+  /// same decision from the records.
+  /// @throws usage_error (on every member) if some members have a secret and others not, or if
+  ///         the ring spans hosts without a secret and not every member set `insecure_no_secret`
+  /// @throws communication_error or timeout_error naming the neighbour that could not be reached
+  ///         or did not prove the secret
   template <class Allgather>
   [[nodiscard]] static ring connect(int index, int count, Allgather&& allgather, const std::string& interface,
-                                    clock::time_point deadline, const context& ctx) {
+                                    clock::time_point deadline, const context& ctx, const job_secret& secret,
+                                    bool insecure_no_secret = false) {
     ring r;
     r.s_->index = index;
     r.s_->count = count;
     if (count < 2) return r;
-    ring_record mine;
-    mine.index = static_cast<std::uint32_t>(index);
-    std::random_device entropy;
-    mine.token = (std::uint64_t{entropy()} << 32) ^ entropy();
-    socket_fd listener = listen_any(mine.port, ctx);
-    const auto addrs = local_addresses(interface);
-    if (addrs.empty()) {
+    const auto found = local_addresses(interface);
+    if (found.empty()) {
       detail::fail(ctx, "no IPv4 address to publish" +
                             (interface.empty() ? std::string() : " on interface '" + interface + "'"));
     }
-    for (const ipv4& a : addrs) {
-      if (mine.addresses == ring_record::max_addresses) break;
-      mine.address[mine.addresses++] = a.addr;
-    }
+    // Listen on exactly the addresses the record publishes (the named interface's, else those
+    // local_addresses picks, at most 8): a neighbour only ever dials those, so listening on every
+    // interface would only open the port to networks the ring does not use.
+    const std::vector<ipv4> addrs(found.begin(),
+                                  found.begin() + static_cast<std::ptrdiff_t>(
+                                                      std::min(found.size(), ring_record::max_addresses)));
+    std::uint16_t port = 0;
+    const std::vector<socket_fd> listeners = listen_on(addrs, port, ctx);
+    const ring_record mine = detail::make_record(index, port, addrs, secret, insecure_no_secret);
     const std::vector<ring_record> all = allgather(mine);
-    std::uint64_t token = 0;
-    for (const ring_record& rec : all) token ^= rec.token;
-    r.s_->token = token;
+    const detail::ring_plan plan = detail::plan_ring(all, index, count, secret, ctx);
+    r.s_->token = plan.token;
     const int right = (index + 1) % count;
-    const int left = (index + count - 1) % count;
-    // Accept the left neighbour while dialling the right one: each greeting waits for an answer,
-    // so doing one after the other would wait around the ring.
+    // Accept the left neighbour while dialling the right one: each handshake waits for an
+    // answer, so doing one after the other would wait around the ring.
+    const wakeup_pipe cancel(ctx);
     std::exception_ptr accept_error;
     std::thread acceptor([&] {
       try {
-        r.s_->left = answer(listener, left, index, token, deadline, ctx);
+        r.s_->left = detail::answer(listeners, cancel, plan, deadline, ctx);
       } catch (...) {
         accept_error = std::current_exception();
       }
     });
     try {
-      r.s_->right = dial(all[static_cast<std::size_t>(right)], index, token, addrs, deadline, ctx);
+      r.s_->right = detail::dial(all[static_cast<std::size_t>(right)], plan, found, deadline, ctx);
     } catch (...) {
-      listener.shutdown();  // ends the acceptor's wait
+      cancel.notify();  // ends the acceptor's wait (after a short grace: detail::answer)
       acceptor.join();
       throw;
     }
@@ -184,12 +188,6 @@ class ring {
   static constexpr std::size_t segment_bytes = std::size_t{1} << 20;
 
  private:
-  struct hello {
-    std::uint32_t magic = ring_record::magic_value;
-    std::uint32_t index = 0;
-    std::uint64_t token = 0;
-  };
-
   // The sender thread: sends one buffer at a time to the right neighbour.
   struct state {
     int index = 0;
@@ -261,62 +259,6 @@ class ring {
       if (sender.joinable()) sender.join();
     }
   };
-
-  // Connects to the right neighbour at one of its addresses (ours' subnets first) and checks it
-  // answers as that member of this ring: a stranger at that address is skipped.
-  static socket_fd dial(const ring_record& peer, int me, std::uint64_t token, const std::vector<ipv4>& mine,
-                        clock::time_point deadline, const context& ctx) {
-    std::vector<ipv4> candidates;
-    for (std::uint16_t i = 0; i < std::min<std::size_t>(peer.addresses, ring_record::max_addresses); ++i) {
-      candidates.push_back({peer.address[i]});
-    }
-    const auto same_subnet = [&](ipv4 a) {
-      return std::any_of(mine.begin(), mine.end(), [&](ipv4 b) {
-        return (ntohl(a.addr) >> 8) == (ntohl(b.addr) >> 8) && (ntohl(a.addr) >> 24) != 127;
-      });
-    };
-    std::stable_partition(candidates.begin(), candidates.end(), same_subnet);
-    const std::string who = "node leader " + std::to_string(peer.index) + " (right in the ring)";
-    std::string tried;
-    for (ipv4 a : candidates) {
-      const auto try_until = std::min(deadline, clock::now() + std::chrono::seconds(5));
-      socket_fd s = connect_to(a, peer.port, try_until);
-      tried += (tried.empty() ? "" : ", ") + a.str() + ":" + std::to_string(peer.port);
-      if (!s) continue;
-      try {
-        hello h{ring_record::magic_value, static_cast<std::uint32_t>(me), token};
-        send_all(s, &h, sizeof h, try_until, ctx, who);
-        hello back{};
-        recv_all(s, &back, sizeof back, try_until, ctx, who);
-        if (back.magic == ring_record::magic_value && back.token == token && back.index == peer.index) return s;
-      } catch (const error&) {
-      }
-    }
-    detail::fail(ctx, "could not connect to " + who + " at any of its addresses (" + tried +
-                          "); set shm::options::socket_interface to the interface the hosts share");
-  }
-
-  // Accepts the left neighbour; connections that do not greet as it are closed and skipped.
-  static socket_fd answer(const socket_fd& listener, int left, int me, std::uint64_t token, clock::time_point deadline,
-                          const context& ctx) {
-    const std::string who = "node leader " + std::to_string(left) + " (left in the ring)";
-    for (;;) {
-      socket_fd s = accept_one(listener, deadline, ctx, who + " to connect");
-      try {
-        hello h{};
-        recv_all(s, &h, sizeof h, std::min(deadline, clock::now() + std::chrono::seconds(5)), ctx, who);
-        if (h.magic != ring_record::magic_value || h.token != token || h.index != static_cast<std::uint32_t>(left)) {
-          continue;
-        }
-        hello back{ring_record::magic_value, static_cast<std::uint32_t>(me), token};
-        send_all(s, &back, sizeof back, deadline, ctx, who);
-        return s;
-      } catch (const timeout_error&) {
-        if (clock::now() >= deadline) throw;
-      } catch (const communication_error&) {
-      }
-    }
-  }
 
   std::unique_ptr<state> s_;
 };

@@ -1,9 +1,9 @@
 #pragma once
 /// @file net/socket.hpp
-/// @brief TCP plumbing of ddp's own inter-node transport (net/ring.hpp): an owned socket, a
-/// listener on every interface, connecting and accepting with a deadline, and whole-buffer sends
-/// and receives that wait in `poll` (never spin) and end in a `ddp::error` naming the rank, the
-/// operation and the peer. POSIX only. See docs/backends-sockets.md.
+/// @brief TCP plumbing of ddp's own inter-node transport (net/ring.hpp): an owned socket,
+/// listeners on given addresses, connecting and accepting with a deadline, a wake-up pipe, and
+/// whole-buffer sends and receives that wait in `poll` (never spin) and end in a `ddp::error`
+/// naming the rank, the operation and the peer. POSIX (Linux). See docs/backends-sockets.md.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -150,21 +150,68 @@ inline void tune(int fd) {
   return out;
 }
 
-/// A listening socket on every interface, on a port the kernel picks (`port` returns it).
-[[nodiscard]] inline socket_fd listen_any(std::uint16_t& port, const context& ctx) {
-  socket_fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s) detail::fail_errno(ctx, "socket()", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
-  if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) detail::fail_errno(ctx, "bind", errno);
-  if (::listen(s.get(), 16) != 0) detail::fail_errno(ctx, "listen", errno);
-  socklen_t len = sizeof a;
-  ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  port = ntohs(a.sin_port);
-  return s;
+/// Listening sockets, one on each of `addrs` (duplicates once), all on one port the kernel picks
+/// (`port` returns it), non-blocking. Only those addresses accept connections, not every
+/// interface of the host.
+[[nodiscard]] inline std::vector<socket_fd> listen_on(const std::vector<ipv4>& addrs, std::uint16_t& port,
+                                                      const context& ctx) {
+  std::vector<ipv4> unique;
+  for (ipv4 a : addrs) {
+    if (std::none_of(unique.begin(), unique.end(), [&](ipv4 b) { return b.addr == a.addr; })) unique.push_back(a);
+  }
+  // The first bind picks the port; another program may hold it on one of the other addresses,
+  // so start over (with a new port) a few times.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<socket_fd> out;
+    std::uint16_t picked = 0;
+    for (ipv4 at : unique) {
+      socket_fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (!s) detail::fail_errno(ctx, "socket()", errno);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = at.addr;
+      a.sin_port = htons(picked);
+      if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+        const int err = errno;
+        if (err == EADDRINUSE && picked != 0 && attempt < 16) break;
+        detail::fail_errno(ctx, "bind " + at.str() + ":" + std::to_string(picked), err);
+      }
+      if (::listen(s.get(), 16) != 0) detail::fail_errno(ctx, "listen on " + at.str(), errno);
+      if (picked == 0) {
+        socklen_t len = sizeof a;
+        ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
+        picked = ntohs(a.sin_port);
+      }
+      out.push_back(std::move(s));
+    }
+    if (out.size() == unique.size()) {
+      port = picked;
+      return out;
+    }
+  }
 }
+
+/// A pipe that wakes a thread waiting in `poll` on `fd()` (readable once `notify` was called).
+class wakeup_pipe {
+ public:
+  /// @throws communication_error if the pipe cannot be made
+  explicit wakeup_pipe(const context& ctx) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) detail::fail_errno(ctx, "pipe2", errno);
+    read_ = socket_fd(fds[0]);
+    write_ = socket_fd(fds[1]);
+  }
+  /// Makes `fd()` readable.
+  void notify() const noexcept {
+    const char one = 1;
+    (void)!::write(write_.get(), &one, 1);
+  }
+  /// The end to poll for POLLIN.
+  [[nodiscard]] int fd() const noexcept { return read_.get(); }
+
+ private:
+  socket_fd read_, write_;
+};
 
 /// Connects to `to:port` before the deadline (retrying refused connections: the peer may not
 /// listen yet); nullopt-like empty socket if `to` cannot be reached by then.

@@ -79,7 +79,7 @@ template <ddp::communicator Cross>
     return all;
   };
   return net::ring::connect(leaders.rank(), leaders.size(), allgather, opts.socket_interface,
-                            net::clock::now() + opts.timeout, ctx);
+                            net::clock::now() + opts.timeout, ctx, opts.secret, opts.insecure_no_secret);
 }
 
 /// See the file comment. `Inner`: the wrapped communicator (owned; pass `communicator_ref` to

@@ -2,12 +2,14 @@
 /// @file shm/options.hpp
 /// @brief `options` of a shared-memory communicator (designated initialisers, printable, comparable).
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include <ddp/job_secret.hpp>
 #include <ddp/work.hpp>
 
 namespace ddp::shm {
@@ -66,8 +68,28 @@ struct options {
   /// every interface that is up; a peer tries the addresses on its own subnets first.
   std::string socket_interface{};
 
-  /// Memberwise.
-  friend bool operator==(const options&, const options&) = default;
+  /// With `sockets`: the job's secret, which the leaders prove to each other on every ring
+  /// connection before any data moves (net/ring_handshake.hpp, docs/security.md). Default:
+  /// environment variable DDP_JOB_SECRET, which `scripts/ddp-run` sets; empty (unset) = none.
+  /// Every leader needs the same one. Without one, a ring that spans hosts refuses to start
+  /// (see `insecure_no_secret`); on one host it greets with a token only.
+  job_secret secret = job_secret::from_environment();
+
+  /// With `sockets` and no `secret`: let a ring that spans hosts start unauthenticated. This
+  /// allows any host that can reach a leader's ring port to join the ring and read or inject
+  /// gradient data. Only for networks that nobody else can reach. False: such a ring refuses to
+  /// start with a usage_error on every rank. Every rank must set it for it to apply.
+  bool insecure_no_secret = false;
+
+  /// Memberwise (secrets by their bytes). Spelled out because job_secret has no `==`; a new
+  /// field must be added here.
+  friend bool operator==(const options& a, const options& b) {
+    return a.chunk_bytes == b.chunk_bytes && a.single_phase_bytes == b.single_phase_bytes &&
+           a.arena_bytes == b.arena_bytes && a.timeout == b.timeout && a.spins_before_yield == b.spins_before_yield &&
+           a.node_of_rank == b.node_of_rank && a.inter_node == b.inter_node &&
+           a.socket_interface == b.socket_interface && std::ranges::equal(a.secret.bytes(), b.secret.bytes()) &&
+           a.insecure_no_secret == b.insecure_no_secret;
+  }
 
   /// Prints every field.
   friend std::ostream& operator<<(std::ostream& os, const options& o) {
@@ -83,6 +105,8 @@ struct options {
     }
     os << ", inter_node: " << name_of(o.inter_node);
     if (!o.socket_interface.empty()) os << " on " << o.socket_interface;
+    os << ", secret: " << (o.secret.empty() ? "none" : "set");  // never its bytes
+    if (o.insecure_no_secret) os << ", insecure_no_secret";
     return os << "}";
   }
 };
