@@ -146,13 +146,26 @@ fi
 [ -n "$nccl_source" ] || die "NCCL not found: no nccl.h beside CUDA or in /usr, no Python nvidia-nccl wheel; set NCCL_ROOT"
 say "NCCL: $nccl_source"
 
+# ---- libcrypto and xxhash.h (ddp::ddp needs both) ----------------------------------------------
+# A bare CUDA image may lack their headers and has no network: scripts/gpu-deps.sh packs them
+# into build/gpu-deps on the development machine; carry that path here.
+dep_args=()
+if [ -d "$root/build/gpu-deps" ]; then
+  dep_args+=("-DOPENSSL_ROOT_DIR=$root/build/gpu-deps" "-DOPENSSL_USE_STATIC_LIBS=OFF"
+    "-DDDP_XXHASH_INCLUDE_DIR=$root/build/gpu-deps/include")
+  export LD_LIBRARY_PATH="$root/build/gpu-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "libcrypto and xxhash.h: carried (build/gpu-deps)"
+elif [ ! -f /usr/include/openssl/evp.h ] || [ ! -f /usr/include/xxhash.h ]; then
+  say "no OpenSSL headers or xxhash.h here: run scripts/gpu-deps.sh on the development machine and carry build/gpu-deps"
+fi
+
 # ---- configure and build ---------------------------------------------------------------------
 generator=()
 if command -v ninja >/dev/null 2>&1 && [ ! -f "$build_dir/CMakeCache.txt" ]; then generator=(-G Ninja); fi
 step cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DDDP_ENABLE_MPI=OFF -DDDP_ENABLE_GLOO=OFF -DDDP_ENABLE_TORCH=OFF -DDDP_ENABLE_EIGEN=OFF \
   -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCH=OFF -DDDP_INSTALL=OFF \
-  -DDDP_NCCL_GPU_TESTS=ON "${nccl_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-} || die "cmake configure failed (see $log)"
+  -DDDP_NCCL_GPU_TESTS=ON "${nccl_args[@]}" "${dep_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-} || die "cmake configure failed (see $log)"
 cache="$build_dir/CMakeCache.txt"
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$cache" | head -n 1; }
 grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$cache" || die "CMake did not enable CUDA (see $log)"

@@ -3,9 +3,12 @@
 # CUDA and NCCL are not Debian packages here: the NCCL backend is built only where they are found.
 # libtorch-dev (PyTorch's C++ API, CPU) and libeigen3-dev are for the tensor adapters (ddp::torch,
 # ddp::eigen), their tests and examples; libtorch-dev is large (about 1 GiB with its dependencies).
+# ddp::ddp itself needs libssl-dev (OpenSSL's libcrypto 3: SHA-256 and HMAC-SHA256 of the peer
+# authentication, include/ddp/detail/hmac_sha256.hpp) and libxxhash-dev (xxhash.h, used header-only:
+# XXH64, the Manager's state hash, include/ddp/manager/heal.hpp).
 set -euo pipefail
 packages=(cmake make ninja-build g++ clang clang-format openmpi-bin libopenmpi-dev catch2 libgloo-dev redis-server libhiredis-dev
-          doxygen pkg-config libtorch-dev libeigen3-dev iproute2 util-linux python3)
+          libssl-dev libxxhash-dev doxygen pkg-config libtorch-dev libeigen3-dev iproute2 util-linux python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -181,7 +181,8 @@ class job_secret {
     }
     if (in("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_=")) {
       if (text.size() < 43) return "a base64 job secret needs at least 43 characters (32 bytes)";
-      return looks_random(text, 4.0) ? nullptr : "the base64 job secret does not look random (too few distinct characters)";
+      return looks_random(text, 4.0) ? nullptr
+                                     : "the base64 job secret does not look random (too few distinct characters)";
     }
     return "a printable job secret must be hex or base64 of 32 random bytes, not a passphrase";
   }

@@ -52,10 +52,28 @@ ddp::gloo::options options_with(ddp::job_secret secret, std::chrono::millisecond
 /// The value every rank contributes: a pattern a stranger would recognise if it ever got data.
 constexpr float pattern = 1234.5f;
 
-/// Connects and runs one allreduce; reports "result=ok" or the error's kind and text.
+/// A store that holds back one key's `set` by `delay`: a member whose address arrives late, so
+/// that its peer's listening port is open, waiting, for that long.
+struct late_key_store {
+  ddp::store_ref inner;
+  std::string late_key;
+  std::chrono::milliseconds delay;
+  void set(std::string_view key, std::span<const std::byte> value) {
+    if (key == late_key) std::this_thread::sleep_for(delay);
+    inner.set(key, value);
+  }
+  std::optional<ddp::store_value> get(std::string_view key) { return inner.get(key); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) { inner.wait(keys, timeout); }
+  std::int64_t add(std::string_view key, std::int64_t delta) { return inner.add(key, delta); }
+  std::size_t erase_prefix(std::string_view prefix) { return inner.erase_prefix(prefix); }
+};
+
+/// Connects and runs one allreduce; reports "result=ok" or the error's kind and text. A
+/// `late_address` holds back this rank's address in the store by that long.
 void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, const ddp::gloo::options& opts,
-                        const reporter& rep) {
-  st::file_store store(dir);
+                        const reporter& rep, std::chrono::milliseconds late_address = {}) {
+  st::file_store files(dir);
+  late_key_store store{ddp::store_ref(files), opts.key_prefix + std::to_string(rank), late_address};
   try {
     ddp::gloo::communicator c(store, rank, size, opts);
     std::vector<float> v(4096, pattern);
@@ -92,9 +110,8 @@ std::string first_non_loopback_ipv4() {
 TEST_CASE("gloo auth: ranks holding the same secret connect and reduce", "[gloo][auth]") {
   temp_dir dir("gloo-auth-same");
   const auto secret = ddp::job_secret::generate();
-  process_group g(3, [&](int rank, const reporter& rep) {
-    connect_and_reduce(dir.path(), rank, 3, options_with(secret), rep);
-  });
+  process_group g(
+      3, [&](int rank, const reporter& rep) { connect_and_reduce(dir.path(), rank, 3, options_with(secret), rep); });
   const auto outs = g.wait_all(30s);
   INFO(gloo_test::describe_all(outs));
   for (const auto& o : outs) {
@@ -122,7 +139,8 @@ TEST_CASE("gloo auth: a peer with another secret is refused on both sides, namin
       CHECK_THAT(o.value("what"), Catch::Contains("did not prove this communicator's job secret") &&
                                       Catch::Contains("nothing derived from the secret"));
     } else {
-      CHECK_THAT(o.value("what"), Catch::Contains("did not authenticate") && Catch::Contains("refused this rank's proof"));
+      CHECK_THAT(o.value("what"),
+                 Catch::Contains("did not authenticate") && Catch::Contains("refused this rank's proof"));
     }
   }
   // Refused at once, not at the 20 s connect deadline.
@@ -325,7 +343,8 @@ TEST_CASE("gloo auth: without a secret, a communicator other hosts can reach ref
     REQUIRE(o.ok());
     CHECK(o.value("loopback") == "ok");
     if (address.empty()) continue;
-    CHECK_THAT(o.value("any"), Catch::Contains("listens where other hosts can reach it") && Catch::Contains("no job secret"));
+    CHECK_THAT(o.value("any"),
+               Catch::Contains("listens where other hosts can reach it") && Catch::Contains("no job secret"));
   }
 }
 
@@ -440,12 +459,12 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
   const auto secret = ddp::job_secret::generate();
   int ports_pipe[2];
   REQUIRE(::pipe(ports_pipe) == 0);
-  // Rank 1 starts late, so the stranger is at rank 0's ports first.
+  // Rank 1's address arrives 1 s late, so rank 0's ports are open, waiting, and the stranger is
+  // there first.
   process_group g(2, [&](int rank, const reporter& rep) {
     ::close(ports_pipe[0]);
     ::close(ports_pipe[1]);
-    if (rank == 1) std::this_thread::sleep_for(700ms);
-    connect_and_reduce(dir.path(), rank, 2, options_with(secret, 2500ms), rep);
+    connect_and_reduce(dir.path(), rank, 2, options_with(secret, 3s), rep, rank == 1 ? 1000ms : 0ms);
   });
   const pid_t stranger_pid = other_user::start([&] {
     ::close(ports_pipe[1]);
@@ -482,22 +501,6 @@ TEST_CASE("gloo auth: a stranger connecting first to the ranks' ports gets no da
 }
 
 namespace {
-
-/// A store that holds back one key's `set` by `delay`: a member whose address arrives late, so
-/// that its peer's listening port is open, waiting, for that long.
-struct late_key_store {
-  ddp::store_ref inner;
-  std::string late_key;
-  std::chrono::milliseconds delay;
-  void set(std::string_view key, std::span<const std::byte> value) {
-    if (key == late_key) std::this_thread::sleep_for(delay);
-    inner.set(key, value);
-  }
-  std::optional<ddp::store_value> get(std::string_view key) { return inner.get(key); }
-  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) { inner.wait(keys, timeout); }
-  std::int64_t add(std::string_view key, std::int64_t delta) { return inner.add(key, delta); }
-  std::size_t erase_prefix(std::string_view prefix) { return inner.erase_prefix(prefix); }
-};
 
 /// The ports `pid` listens on at 127.0.0.1.
 std::set<int> loopback1_ports(pid_t pid) {

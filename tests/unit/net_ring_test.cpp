@@ -393,8 +393,9 @@ struct fake_member {
         ddp::net::send_all(s, garbage.data(), garbage.size(), until, ctx, "member 0");
         nd::ring_verdict v{};
         ddp::net::recv_all(s, &v, sizeof v, until, ctx, "member 0");
-        refused_without_proof = v.magic == ddp::net::ring_record::magic_value && v.outcome == nd::ring_verdict::refused &&
-                                std::all_of(v.proof.begin(), v.proof.end(), [](std::byte b) { return b == std::byte{0}; });
+        refused_without_proof =
+            v.magic == ddp::net::ring_record::magic_value && v.outcome == nd::ring_verdict::refused &&
+            std::all_of(v.proof.begin(), v.proof.end(), [](std::byte b) { return b == std::byte{0}; });
         char more = 0;
         try {
           ddp::net::recv_all(s, &more, 1, until, ctx, "member 0");
@@ -459,8 +460,9 @@ TEST_CASE("net::ring: an impostor that cannot prove the secret is refused on eit
     CHECK(contains(got, "did not prove the job secret"));
     CHECK(ddp::net::clock::now() - start < 2500ms);
   }
-  SECTION("it dials with a wrong proof: refused with no proof in return; at the deadline, an error naming the left "
-          "neighbour") {
+  SECTION(
+      "it dials with a wrong proof: refused with no proof in return; at the deadline, an error naming the left "
+      "neighbour") {
     fake_member fake(secret, false);
     const std::string got = member0_against(fake, secret);
     INFO(got << "\nfake: " << fake.error);
@@ -488,11 +490,12 @@ TEST_CASE("net::ring: without a secret, records from several hosts refuse to sta
     });
     return got;
   };
-  const auto other_address = [](records& all) {  // one more address published by member 1
+  const auto other_address = [](records& all) {              // one more address published by member 1
     all[1].address[all[1].addresses++] = htonl(0xc6336407);  // 198.51.100.7
   };
   SECTION("another host name, or other addresses: refused on every member, saying how to set a secret") {
-    for (const auto& edit : {std::function<void(records&)>(one_host_each), std::function<void(records&)>(other_address)}) {
+    for (const auto& edit :
+         {std::function<void(records&)>(one_host_each), std::function<void(records&)>(other_address)}) {
       for (const std::string& e : refusals(2, edit, {false, false}, {false, false})) {
         INFO(e);
         CHECK(contains(e, "spans hosts"));

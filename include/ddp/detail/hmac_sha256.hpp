@@ -1,137 +1,163 @@
 #pragma once
 /// @file detail/hmac_sha256.hpp
 /// @brief SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for proving a job secret over a
-/// connection (docs/security.md). Kept here rather than taken from OpenSSL so that a consumer of
-/// `ddp::gloo` needs no further library; the test checks FIPS and RFC 4231 vectors and random
-/// inputs against Python's hashlib/hmac. No data-dependent branches or table lookups: the time
-/// taken depends on lengths only.
+/// connection (docs/security.md): a thin RAII layer over OpenSSL's libcrypto (3.0 or later:
+/// `EVP_MD_CTX` with `EVP_sha256()`, the `EVP_MAC` "HMAC", `CRYPTO_memcmp`), so the primitives
+/// are a vetted, maintained implementation rather than ddp's own. Every target whose headers
+/// include this one links `OpenSSL::Crypto` (ddp::ddp does, so every backend does). The test
+/// (tests/unit/hmac_sha256_test.cpp) checks the FIPS 180-4 and RFC 4231 vectors.
+///
+/// Errors: OpenSSL's calls can fail (no memory, or a provider configuration, e.g. an
+/// `OPENSSL_CONF` that loads no provider with SHA-256, or a FIPS provider in its error state),
+/// so these functions are not noexcept: a failure throws `ddp::error` (rank -1) naming the call
+/// and OpenSSL's error string, and clears this thread's OpenSSL error queue. Nothing here aborts;
+/// a caller must not be noexcept either, or such a failure becomes std::terminate.
 
 #include <array>
-#include <bit>
 #include <cstddef>
-#include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
+#include <utility>
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+#include <ddp/error.hpp>
 
 namespace ddp::detail {
 
 /// A SHA-256 digest.
 using sha256_digest = std::array<std::byte, 32>;
 
-/// Incremental SHA-256.
+namespace openssl {
+
+struct md_ctx_free {
+  void operator()(EVP_MD_CTX* c) const noexcept { EVP_MD_CTX_free(c); }
+};
+struct mac_free {
+  void operator()(EVP_MAC* m) const noexcept { EVP_MAC_free(m); }
+};
+struct mac_ctx_free {
+  void operator()(EVP_MAC_CTX* c) const noexcept { EVP_MAC_CTX_free(c); }
+};
+
+/// Throws ddp::error for the failed libcrypto call `call` of `operation`, with the oldest error on
+/// this thread's OpenSSL error queue (then clears the queue, so it cannot be blamed on a later
+/// call of another OpenSSL user).
+[[noreturn]] inline void fail(const char* operation, const char* call) {
+  std::string message = std::string("OpenSSL libcrypto: ") + call + " failed";
+  if (const unsigned long code = ERR_get_error(); code != 0) {
+    std::array<char, 256> text{};
+    ERR_error_string_n(code, text.data(), text.size());
+    message += ": ";
+    message += text.data();
+  }
+  ERR_clear_error();
+  throw ddp::error(-1, operation, message);
+}
+
+[[nodiscard]] inline const unsigned char* bytes(std::span<const std::byte> s) noexcept {
+  return reinterpret_cast<const unsigned char*>(s.data());
+}
+
+}  // namespace openssl
+
+/// Incremental SHA-256 (an `EVP_MD_CTX` over `EVP_sha256()`). Copyable (the copy continues from
+/// the same state) and movable; a moved-from object may only be assigned to or destroyed.
 class sha256 {
  public:
-  /// Hashes `data` into the state (call any number of times).
-  void update(std::span<const std::byte> data) noexcept {
-    for (std::byte b : data) {
-      block_[fill_++] = static_cast<std::uint8_t>(b);
-      if (fill_ == block_.size()) {
-        compress();
-        fill_ = 0;
-      }
+  /// @throws ddp::error if OpenSSL cannot allocate or initialise the context
+  sha256() : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_) openssl::fail(operation, "EVP_MD_CTX_new");
+    if (EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) openssl::fail(operation, "EVP_DigestInit_ex");
+  }
+  sha256(const sha256& other) : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_) openssl::fail(operation, "EVP_MD_CTX_new");
+    if (EVP_MD_CTX_copy_ex(ctx_.get(), other.ctx_.get()) != 1) openssl::fail(operation, "EVP_MD_CTX_copy_ex");
+  }
+  sha256& operator=(const sha256& other) {
+    if (this != &other) {
+      sha256 copy(other);
+      ctx_ = std::move(copy.ctx_);
     }
-    length_ += data.size();
+    return *this;
+  }
+  sha256(sha256&&) noexcept = default;
+  sha256& operator=(sha256&&) noexcept = default;
+  ~sha256() = default;
+
+  /// Hashes `data` into the state (call any number of times).
+  /// @throws ddp::error if OpenSSL fails
+  void update(std::span<const std::byte> data) {
+    if (data.empty()) return;
+    if (EVP_DigestUpdate(ctx_.get(), data.data(), data.size()) != 1) openssl::fail(operation, "EVP_DigestUpdate");
   }
 
   /// The digest of everything hashed; the object must not be used afterwards.
-  [[nodiscard]] sha256_digest finish() noexcept {
-    const std::uint64_t bits = length_ * 8;
-    const std::array<std::byte, 1> one{std::byte{0x80}};
-    update(one);
-    const std::array<std::byte, 1> zero{};
-    while (fill_ != 56) update(zero);
-    std::array<std::byte, 8> len{};
-    for (int i = 0; i < 8; ++i) len[static_cast<std::size_t>(i)] = static_cast<std::byte>(bits >> (56 - 8 * i));
-    update(len);
+  /// @throws ddp::error if OpenSSL fails
+  [[nodiscard]] sha256_digest finish() {
     sha256_digest out{};
-    for (std::size_t i = 0; i < 8; ++i) {
-      for (std::size_t j = 0; j < 4; ++j) out[4 * i + j] = static_cast<std::byte>(h_[i] >> (24 - 8 * j));
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(ctx_.get(), reinterpret_cast<unsigned char*>(out.data()), &length) != 1) {
+      openssl::fail(operation, "EVP_DigestFinal_ex");
+    }
+    if (length != out.size()) {
+      throw ddp::error(-1, operation,
+                       "OpenSSL libcrypto: EVP_DigestFinal_ex gave " + std::to_string(length) + " bytes, not 32");
     }
     return out;
   }
 
  private:
-  void compress() noexcept {
-    static constexpr std::array<std::uint32_t, 64> k{
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-    std::array<std::uint32_t, 64> w{};
-    for (std::size_t i = 0; i < 16; ++i) {
-      w[i] = (std::uint32_t{block_[4 * i]} << 24) | (std::uint32_t{block_[4 * i + 1]} << 16) |
-             (std::uint32_t{block_[4 * i + 2]} << 8) | std::uint32_t{block_[4 * i + 3]};
-    }
-    for (std::size_t i = 16; i < 64; ++i) {
-      const std::uint32_t s0 = std::rotr(w[i - 15], 7) ^ std::rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const std::uint32_t s1 = std::rotr(w[i - 2], 17) ^ std::rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    std::uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-    for (std::size_t i = 0; i < 64; ++i) {
-      const std::uint32_t t1 =
-          h + (std::rotr(e, 6) ^ std::rotr(e, 11) ^ std::rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      const std::uint32_t t2 = (std::rotr(a, 2) ^ std::rotr(a, 13) ^ std::rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      h = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    h_[0] += a;
-    h_[1] += b;
-    h_[2] += c;
-    h_[3] += d;
-    h_[4] += e;
-    h_[5] += f;
-    h_[6] += g;
-    h_[7] += h;
-  }
-
-  std::array<std::uint32_t, 8> h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  std::array<std::uint8_t, 64> block_{};
-  std::size_t fill_ = 0;
-  std::uint64_t length_ = 0;
+  static constexpr const char* operation = "SHA-256";
+  std::unique_ptr<EVP_MD_CTX, openssl::md_ctx_free> ctx_;
 };
 
-/// HMAC-SHA256 of the concatenation of `parts` under `key`.
+/// HMAC-SHA256 of the concatenation of `parts` under `key` (OpenSSL's `EVP_MAC` "HMAC"; any key
+/// length, an empty one included; a key longer than the 64-byte block is hashed first, as
+/// RFC 2104 says).
+/// @throws ddp::error if OpenSSL fails
 [[nodiscard]] inline sha256_digest hmac_sha256(std::span<const std::byte> key,
-                                               std::span<const std::span<const std::byte>> parts) noexcept {
-  std::array<std::byte, 64> block{};
-  if (key.size() > block.size()) {
-    sha256 kh;
-    kh.update(key);
-    const auto d = kh.finish();
-    for (std::size_t i = 0; i < d.size(); ++i) block[i] = d[i];
-  } else {
-    for (std::size_t i = 0; i < key.size(); ++i) block[i] = key[i];
+                                               std::span<const std::span<const std::byte>> parts) {
+  static constexpr const char* operation = "HMAC-SHA256";
+  const std::unique_ptr<EVP_MAC, openssl::mac_free> mac(EVP_MAC_fetch(nullptr, OSSL_MAC_NAME_HMAC, nullptr));
+  if (!mac) openssl::fail(operation, "EVP_MAC_fetch(HMAC)");
+  const std::unique_ptr<EVP_MAC_CTX, openssl::mac_ctx_free> ctx(EVP_MAC_CTX_new(mac.get()));
+  if (!ctx) openssl::fail(operation, "EVP_MAC_CTX_new");
+  char digest[] = "SHA256";
+  const std::array<OSSL_PARAM, 2> params{OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                                         OSSL_PARAM_construct_end()};
+  // A null key pointer means "keep the key already set" to EVP_MAC_init, and there is none yet:
+  // an empty key is passed as a non-null pointer with length 0.
+  static constexpr unsigned char no_key = 0;
+  const unsigned char* key_bytes = key.empty() ? &no_key : openssl::bytes(key);
+  if (EVP_MAC_init(ctx.get(), key_bytes, key.size(), params.data()) != 1) openssl::fail(operation, "EVP_MAC_init");
+  for (const auto part : parts) {
+    if (part.empty()) continue;
+    if (EVP_MAC_update(ctx.get(), openssl::bytes(part), part.size()) != 1) openssl::fail(operation, "EVP_MAC_update");
   }
-  std::array<std::byte, 64> pad{};
-  for (std::size_t i = 0; i < pad.size(); ++i) pad[i] = block[i] ^ std::byte{0x36};
-  sha256 inner;
-  inner.update(pad);
-  for (auto p : parts) inner.update(p);
-  const auto inner_digest = inner.finish();
-  for (std::size_t i = 0; i < pad.size(); ++i) pad[i] = block[i] ^ std::byte{0x5c};
-  sha256 outer;
-  outer.update(pad);
-  outer.update(inner_digest);
-  return outer.finish();
+  sha256_digest out{};
+  std::size_t length = 0;
+  if (EVP_MAC_final(ctx.get(), reinterpret_cast<unsigned char*>(out.data()), &length, out.size()) != 1) {
+    openssl::fail(operation, "EVP_MAC_final");
+  }
+  if (length != out.size()) {
+    throw ddp::error(-1, operation,
+                     "OpenSSL libcrypto: EVP_MAC_final gave " + std::to_string(length) + " bytes, not 32");
+  }
+  return out;
 }
 
-/// True when `a` and `b` are equal, in a time that does not depend on where they differ.
+/// True when `a` and `b` are equal, in a time that does not depend on where they differ
+/// (`CRYPTO_memcmp`; the sizes are compared first, and are not secret).
 [[nodiscard]] inline bool constant_time_equal(std::span<const std::byte> a, std::span<const std::byte> b) noexcept {
   if (a.size() != b.size()) return false;
-  std::byte diff{0};
-  for (std::size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == std::byte{0};
+  if (a.empty()) return true;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace ddp::detail

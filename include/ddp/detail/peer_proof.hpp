@@ -38,9 +38,9 @@ using proof_nonce = std::array<std::byte, 32>;
 }
 
 /// The communicator instance every proof of it is bound to (see the file comment). `nonces`:
-/// every member's published nonce, in rank order.
+/// every member's published nonce, in rank order. @throws ddp::error if libcrypto fails
 [[nodiscard]] inline sha256_digest communicator_binding(std::string_view protocol, std::string_view name, int size,
-                                                        std::span<const proof_nonce> nonces) noexcept {
+                                                        std::span<const proof_nonce> nonces) {
   sha256 h;
   const auto field = [&h](std::span<const std::byte> bytes) {
     const std::uint64_t n = bytes.size();  // length-prefixed: no two field lists hash alike
@@ -56,9 +56,10 @@ using proof_nonce = std::array<std::byte, 32>;
 }
 
 /// The proof `sender` sends `receiver` on one connection of the communicator `binding` names.
+/// @throws ddp::error if libcrypto fails
 [[nodiscard]] inline sha256_digest peer_proof(const job_secret& secret, const sha256_digest& binding, int sender,
                                               int receiver, const proof_nonce& sender_nonce,
-                                              const proof_nonce& receiver_nonce) noexcept {
+                                              const proof_nonce& receiver_nonce) {
   static constexpr std::string_view label = "ddp peer proof v2";
   const std::array<std::int32_t, 2> ranks{sender, receiver};
   const std::array<std::span<const std::byte>, 5> parts{std::as_bytes(std::span(label)), binding,

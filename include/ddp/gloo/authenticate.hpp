@@ -141,22 +141,23 @@ inline void check_secret_rule(const std::vector<peer_record>& records, const opt
     return;
   }
   if (opts.insecure_no_secret) return;
-  const std::string where = hosts.size() >= 2 ? "spans " + std::to_string(hosts.size()) + " hosts ('" +
-                                                    *hosts.begin() + "', '" + *std::next(hosts.begin()) + "'" +
-                                                    (hosts.size() > 2 ? ", ..." : "") + ")"
-                                              : "listens where other hosts can reach it (rank " +
-                                                    std::to_string(reachable) + ")";
+  const std::string where = hosts.size() >= 2
+                                ? "spans " + std::to_string(hosts.size()) + " hosts ('" + *hosts.begin() + "', '" +
+                                      *std::next(hosts.begin()) + "'" + (hosts.size() > 2 ? ", ..." : "") + ")"
+                                : "listens where other hosts can reach it (rank " + std::to_string(reachable) + ")";
   throw usage_error(rank, "gloo connect",
-                    "this communicator " + where + " and has no job secret: any process that reaches its ports "
-                    "could join it and read or inject data. Set " + std::string(job_secret::default_variable) +
-                        " to the same secret on every process (" + job_secret::how_to_make +
+                    "this communicator " + where +
+                        " and has no job secret: any process that reaches its ports "
+                        "could join it and read or inject data. Set " +
+                        std::string(job_secret::default_variable) + " to the same secret on every process (" +
+                        job_secret::how_to_make +
                         "), or set gloo::options::insecure_no_secret = true to run unauthenticated anyway "
                         "(docs/security.md)");
 }
 
 /// The communicator's binding (detail/peer_proof.hpp) from every rank's record.
 [[nodiscard]] inline ddp::detail::sha256_digest binding_of(const std::vector<peer_record>& records,
-                                                           std::string_view key_prefix) noexcept {
+                                                           std::string_view key_prefix) {
   std::vector<ddp::detail::proof_nonce> nonces;
   nonces.reserve(records.size());
   for (const auto& r : records) nonces.push_back(r.nonce);

@@ -74,9 +74,8 @@ class ring {
     // Listen on exactly the addresses the record publishes (the named interface's, else those
     // local_addresses picks, at most 8): a neighbour only ever dials those, so listening on every
     // interface would only open the port to networks the ring does not use.
-    const std::vector<ipv4> addrs(found.begin(),
-                                  found.begin() + static_cast<std::ptrdiff_t>(
-                                                      std::min(found.size(), ring_record::max_addresses)));
+    const std::vector<ipv4> addrs(
+        found.begin(), found.begin() + static_cast<std::ptrdiff_t>(std::min(found.size(), ring_record::max_addresses)));
     std::uint16_t port = 0;
     const std::vector<socket_fd> listeners = listen_on(addrs, port, ctx);
     const ring_record mine = detail::make_record(index, port, addrs, secret, insecure_no_secret);

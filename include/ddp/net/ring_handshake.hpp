@@ -83,19 +83,21 @@ inline constexpr std::chrono::milliseconds greeting_timeout{2000};
 
 /// What every member decides from the allgathered records alone (so all decide alike).
 struct ring_plan {
-  std::uint64_t token = 0;                   ///< XOR of the members' tokens
-  bool authenticated = false;                ///< every connection proves the job secret
-  ddp::detail::sha256_digest binding{};      ///< the ring instance the proofs are bound to
-  const job_secret* secret = nullptr;        ///< this member's secret (when authenticated)
-  int index = 0;                             ///< this member
-  int count = 1;                             ///< members
+  std::uint64_t token = 0;               ///< XOR of the members' tokens
+  bool authenticated = false;            ///< every connection proves the job secret
+  ddp::detail::sha256_digest binding{};  ///< the ring instance the proofs are bound to
+  const job_secret* secret = nullptr;    ///< this member's secret (when authenticated)
+  int index = 0;                         ///< this member
+  int count = 1;                         ///< members
 };
 
 inline std::string leader_name(int i, const char* side) {
   return "node leader " + std::to_string(i) + " (" + side + " in the ring)";
 }
 
-inline std::string host_of(const ring_record& r) { return std::string(r.host.data(), ::strnlen(r.host.data(), r.host.size())); }
+inline std::string host_of(const ring_record& r) {
+  return std::string(r.host.data(), ::strnlen(r.host.data(), r.host.size()));
+}
 
 inline std::string addresses_of(const ring_record& r) {
   std::string out;
@@ -257,8 +259,10 @@ inline socket_fd dial(const ring_record& peer, const ring_plan& plan, const std:
       continue;  // closed or silent: try the next address
     }
     if (verdict.magic != ring_record::magic_value || verdict.outcome == ring_verdict::refused) {
-      fail(ctx, who + " at " + at + " refused this leader's proof of the job secret: do all node leaders have the same "
-                    "secret (" + job_secret::default_variable + ")?");
+      fail(ctx, who + " at " + at +
+                    " refused this leader's proof of the job secret: do all node leaders have the same "
+                    "secret (" +
+                    job_secret::default_variable + ")?");
     }
     const auto expected = ddp::detail::peer_proof(*plan.secret, plan.binding, right, plan.index, back.nonce, h.nonce);
     if (!ddp::detail::constant_time_equal(expected, verdict.proof)) {
@@ -352,8 +356,9 @@ inline socket_fd answer(const std::vector<socket_fd>& listeners, const wakeup_pi
     const auto now = clock::now();
     if (now >= deadline) {
       if (wrong_proof) {
-        fail(ctx, who + " did not prove the job secret: a connection that greeted as it sent a wrong proof, and "
-                        "none sent the right one before the deadline (do all node leaders have the same secret, " +
+        fail(ctx, who +
+                      " did not prove the job secret: a connection that greeted as it sent a wrong proof, and "
+                      "none sent the right one before the deadline (do all node leaders have the same secret, " +
                       job_secret::default_variable + "?)");
       }
       throw timeout_error(ctx.rank, ctx.operation, "no progress with " + who + " to connect before the deadline");
