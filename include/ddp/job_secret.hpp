@@ -66,9 +66,9 @@ class job_secret {
       "make one with `openssl rand -hex 32` (or job_secret::generate()); scripts/ddp-run sets a fresh one for "
       "every job";
 
-  /// The secret `text`: at least `min_bytes` random bytes. Text made only of printable characters
-  /// must be hex (at least 64 digits) or base64 (at least 43 characters) that looks random
-  /// (`looks_random`): a passphrase is refused, however long.
+  /// The secret `text`: at least `min_bytes` random bytes. Text (valid UTF-8 without control
+  /// characters) must be 64 or more hex digits that look random: a passphrase is refused, however
+  /// long; other bytes (a key file) must not be mostly one value (`weakness`).
   /// @throws usage_error saying what is wrong and how to make a good one
   [[nodiscard]] static job_secret of(std::string_view text) {
     if (const char* problem = weakness(text)) {
@@ -81,7 +81,7 @@ class job_secret {
   }
 
   /// The secret in environment variable `name`, or none if it is unset or empty.
-  /// @throws usage_error if it is set but shorter than `min_bytes`
+  /// @throws usage_error if it is set but is no secret (`of`)
   [[nodiscard]] static job_secret from_environment(const char* name = default_variable) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == '\0') return {};
@@ -92,7 +92,7 @@ class job_secret {
     }
   }
 
-  /// The secret in file `path` (one trailing newline dropped). The file must be a regular file of
+  /// The secret in file `path` (one trailing newline, LF or CRLF, dropped). The file must be a regular file of
   /// this user's that nobody else can read or write, as ssh demands of keys.
   /// @throws usage_error naming the file and what is wrong with it
   [[nodiscard]] static job_secret from_file(const std::string& path) {
@@ -127,6 +127,7 @@ class job_secret {
     }
     text.resize(got);
     if (!text.empty() && text.back() == '\n') text.pop_back();
+    if (!text.empty() && text.back() == '\r') text.pop_back();  // a file written with CRLF
     try {
       auto s = of(text);
       std::memset(text.data(), 0, text.size());
@@ -168,23 +169,43 @@ class job_secret {
   /// Why `text` is no secret (a sentence), or nullptr when it is one (see `of`).
   [[nodiscard]] static const char* weakness(std::string_view text) noexcept {
     if (text.size() < min_bytes) return "a job secret needs at least 32 random bytes (64 hex digits)";
-    const auto printable = [](unsigned char c) { return c >= 0x20 && c < 0x7f; };
-    if (!std::all_of(text.begin(), text.end(), [&](char c) { return printable(static_cast<unsigned char>(c)); })) {
-      return nullptr;  // bytes, not text: taken as they are
+    if (!is_text(text)) {  // bytes (a key file): at least 32, and not mostly one value
+      return looks_random(text, 4.0) ? nullptr : "the job secret's bytes do not look random (too few distinct values)";
     }
-    const auto in = [&](std::string_view alphabet) {
-      return text.find_first_not_of(alphabet) == std::string_view::npos;
-    };
-    if (in("0123456789abcdefABCDEF")) {
-      if (text.size() < 2 * min_bytes) return "a hex job secret needs at least 64 digits (32 bytes)";
-      return looks_random(text, 3.0) ? nullptr : "the hex job secret does not look random (too few distinct digits)";
+    if (text.find_first_not_of("0123456789abcdefABCDEF") != std::string_view::npos) {
+      return "a job secret written as text must be 64 or more hex digits of random bytes, not a passphrase or other "
+             "text";
     }
-    if (in("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_=")) {
-      if (text.size() < 43) return "a base64 job secret needs at least 43 characters (32 bytes)";
-      return looks_random(text, 4.0) ? nullptr
-                                     : "the base64 job secret does not look random (too few distinct characters)";
+    if (text.size() < 2 * min_bytes) return "a hex job secret needs at least 64 digits (32 bytes)";
+    if (!looks_random(text, 3.0) || repeats(text, 8)) {
+      return "the hex job secret does not look random (too few distinct digits, or a repeated pattern)";
     }
-    return "a printable job secret must be hex or base64 of 32 random bytes, not a passphrase";
+    return nullptr;
+  }
+
+  /// Whether `bytes` read as text: valid UTF-8 without control characters (a passphrase in any
+  /// language), as opposed to a key's raw bytes.
+  [[nodiscard]] static bool is_text(std::string_view bytes) noexcept {
+    for (std::size_t i = 0; i < bytes.size();) {
+      const auto c = static_cast<unsigned char>(bytes[i]);
+      if (c < 0x20 || c == 0x7f) return false;
+      const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      if (n == 0 || i + n > bytes.size()) return false;
+      for (std::size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(bytes[i + k]) >> 6) != 2) return false;
+      }
+      i += n;
+    }
+    return true;
+  }
+
+  /// Whether some run of `n` characters occurs twice in `text` ("deadbeef" eight times): about
+  /// 4e-7 for 64 random hex digits and n = 8.
+  [[nodiscard]] static bool repeats(std::string_view text, std::size_t n) noexcept {
+    for (std::size_t i = 0; i + n <= text.size(); ++i) {
+      if (text.find(text.substr(i, n), i + 1) != std::string_view::npos) return true;
+    }
+    return false;
   }
 
   /// Whether the characters of `text` carry at least `bits` bits each by their frequencies (the

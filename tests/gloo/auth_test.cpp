@@ -86,6 +86,9 @@ void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, co
   } catch (const ddp::communication_error& e) {
     rep.set("result", "communication");
     rep.set("what", e.what());
+  } catch (const ddp::usage_error& e) {
+    rep.set("result", "usage");
+    rep.set("what", e.what());
   }
 }
 
@@ -178,7 +181,7 @@ void authenticate_spliced(const std::filesystem::path& dir, int rank, const ddp:
 ddp::detail::sha256_digest fresh_binding(const std::string& key_prefix) {
   std::vector<ddp::gloo::detail::peer_record> records(2);
   for (auto& r : records) r.nonce = ddp::detail::fresh_nonce();
-  return ddp::gloo::detail::binding_of(records, key_prefix);
+  return ddp::gloo::detail::binding_of(records, {{'a'}, {'b'}}, key_prefix);
 }
 
 }  // namespace
@@ -228,7 +231,7 @@ TEST_CASE("gloo auth: proofs relayed between two communicators of one size and o
   }
 }
 
-TEST_CASE("gloo auth: a peer without a secret is an error within the connect deadline", "[gloo][auth]") {
+TEST_CASE("gloo auth: a peer without a secret is refused on both sides at once", "[gloo][auth]") {
   temp_dir dir("gloo-auth-none");
   const auto t0 = std::chrono::steady_clock::now();
   process_group g(2, [&](int rank, const reporter& rep) {
@@ -237,11 +240,13 @@ TEST_CASE("gloo auth: a peer without a secret is an error within the connect dea
   });
   const auto outs = g.wait_all(30s);
   INFO(gloo_test::describe_all(outs));
-  for (const auto& o : outs) REQUIRE(o.ok());
-  CHECK(outs[0].value("result") != "ok");
-  CHECK_THAT(outs[0].value("what"), Catch::Contains("gloo connection to rank 1 did not authenticate"));
-  CHECK(outs[1].value("result") != "ok");  // its allreduce fails: rank 0 never joins it
-  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+  // Both refuse at once, from the records, before connecting: neither waits out a deadline.
+  for (const auto& o : outs) {
+    REQUIRE(o.ok());
+    CHECK(o.value("result") == "usage");
+    CHECK_THAT(o.value("what"), Catch::Contains("rank(s) 0 hold a job secret and rank(s) 1 do not"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
 
 TEST_CASE("gloo auth: the secret from a file is checked like an ssh key", "[gloo][auth]") {
@@ -268,18 +273,26 @@ TEST_CASE("gloo auth: short, passphrase and low-entropy secrets are refused, say
   refused(ddp::job_secret::random_hex(24), "at least 64 digits");  // 48 hex digits
   refused("correct horse battery staple", "at least 32 random bytes");
   refused("correct horse battery staple, correct horse battery staple", "not a passphrase");
-  refused("correcthorsebatterystaplecorrecthorsebatterystaple", "does not look random");
+  refused("correcthorsebatterystaplecorrecthorsebatterystaple", "not a passphrase");
   refused(std::string(64, '0'), "does not look random");
   refused(std::string(32, 'a') + std::string(32, 'b'), "does not look random");
-  // What generate(), `openssl rand -hex 32` and `openssl rand -base64 32` make is accepted.
+  std::string pattern16;
+  for (int i = 0; i < 4; ++i) pattern16 += "0123456789abcdef";  // 4 bits a digit, but a pattern
+  refused(pattern16, "repeated pattern");
+  // Passphrases of any alphabet and length, base64 too: only hex is text enough.
+  refused("CorrectHorseBatteryStapleIsOurTrainingSecret2024", "not a passphrase");
+  refused("MyCompanyName-ddp-training-job-secret_2024=prod", "not a passphrase");
+  refused("Grüße aus dem Rechenzentrum, unser geheimes Trainingspasswort", "not a passphrase");
+  refused("mJ0p4tQmJx0x7wP2cQe1n8dZ3VYhG9aKsT6uLrB5oFI=", "64 or more hex digits");
+  // What generate() and `openssl rand -hex 32` make is accepted.
   for (int i = 0; i < 1000; ++i) CHECK_NOTHROW(ddp::job_secret::of(ddp::job_secret::random_hex(32)));
-  CHECK_NOTHROW(ddp::job_secret::of("mJ0p4tQmJx0x7wP2cQe1n8dZ3VYhG9aKsT6uLrB5oFI="));
   CHECK_FALSE(ddp::job_secret::generate().empty());
-  // Bytes that are not text (a key file) are taken as they are, from 32 up.
+  // Bytes that are not text (a key file) are taken as they are, from 32 up, unless mostly one value.
   std::string raw(32, '\0');
   for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<char>(i * 7 + 1);
   CHECK_NOTHROW(ddp::job_secret::of(raw));
   CHECK_THROWS_WITH(ddp::job_secret::of(raw.substr(1)), Catch::Contains("at least 32 random bytes"));
+  CHECK_THROWS_WITH(ddp::job_secret::of(std::string(40, '\x01')), Catch::Contains("bytes do not look random"));
 }
 
 TEST_CASE("gloo auth: without a secret, a communicator other hosts can reach refuses to start", "[gloo][auth]") {
@@ -296,23 +309,28 @@ TEST_CASE("gloo auth: without a secret, a communicator other hosts can reach ref
   o.interface = "eth0";
   CHECK(ddp::gloo::detail::reachable_from_other_hosts(o));
 
-  const std::vector<peer_record> one_host{{{}, false, "n1"}, {{}, false, "n1"}};
-  const std::vector<peer_record> two_hosts{{{}, true, "n1"}, {{}, true, "n2"}};
-  const std::vector<peer_record> reachable{{{}, false, "n1"}, {{}, true, "n1"}};
-  ddp::gloo::options none;
-  none.secret = {};
-  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(one_host, none, 1));
-  CHECK_THROWS_WITH(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1),
-                    Catch::Contains("spans 2 hosts ('n1', 'n2')") && Catch::Contains("DDP_JOB_SECRET") &&
-                        Catch::Contains("insecure_no_secret"));
-  CHECK_THROWS_AS(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1), ddp::usage_error);
-  CHECK_THROWS_WITH(ddp::gloo::detail::check_secret_rule(reachable, none, 0),
-                    Catch::Contains("listens where other hosts can reach it (rank 1)"));
-  none.insecure_no_secret = true;
-  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(two_hosts, none, 1));
-  ddp::gloo::options with;
-  with.secret = ddp::job_secret::generate();
-  CHECK_NOTHROW(ddp::gloo::detail::check_secret_rule(two_hosts, with, 1));
+  // Records: {nonce, reachable, has_secret, insecure, host}.
+  const std::vector<peer_record> one_host{{{}, false, false, false, "n1"}, {{}, false, false, false, "n1"}};
+  const std::vector<peer_record> two_hosts{{{}, true, false, false, "n1"}, {{}, true, false, false, "n2"}};
+  const std::vector<peer_record> reachable{{{}, false, false, false, "n1"}, {{}, true, false, false, "n1"}};
+  const std::vector<peer_record> opted_out{{{}, true, false, true, "n1"}, {{}, true, false, true, "n2"}};
+  const std::vector<peer_record> half_opted{{{}, true, false, true, "n1"}, {{}, true, false, false, "n2"}};
+  const std::vector<peer_record> secrets{{{}, true, true, false, "n1"}, {{}, true, true, false, "n2"}};
+  const std::vector<peer_record> half_secret{{{}, false, true, false, "n1"}, {{}, false, false, false, "n1"}};
+  using ddp::gloo::detail::check_secret_rule;
+  CHECK_NOTHROW(check_secret_rule(one_host, 1));
+  CHECK_THROWS_WITH(check_secret_rule(two_hosts, 1), Catch::Contains("spans 2 hosts ('n1', 'n2')") &&
+                                                         Catch::Contains("DDP_JOB_SECRET") &&
+                                                         Catch::Contains("insecure_no_secret"));
+  CHECK_THROWS_AS(check_secret_rule(two_hosts, 1), ddp::usage_error);
+  CHECK_THROWS_WITH(check_secret_rule(reachable, 0),
+                    Catch::Contains("listens where other hosts can reach it (rank(s) 1)"));
+  CHECK_NOTHROW(check_secret_rule(opted_out, 1));
+  // Every rank decides alike: one rank's opt-out is not enough, and none may skip the secret.
+  CHECK_THROWS_WITH(check_secret_rule(half_opted, 0), Catch::Contains("not set on rank(s) 1"));
+  CHECK_NOTHROW(check_secret_rule(secrets, 1));
+  CHECK_THROWS_WITH(check_secret_rule(half_secret, 0),
+                    Catch::Contains("rank(s) 0 hold a job secret and rank(s) 1 do not"));
 
   // Over real processes: listening on this host's non-loopback address without a secret is
   // refused on every rank before anything connects; on loopback it runs.

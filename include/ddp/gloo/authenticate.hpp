@@ -56,6 +56,8 @@ inline constexpr std::uint8_t authenticate_slot_prefix = 0x41;
 struct peer_record {
   ddp::detail::proof_nonce nonce{};  ///< fresh per communicator: the binding's input
   bool reachable = false;            ///< listens on an address other than loopback
+  bool has_secret = false;           ///< holds a job secret
+  bool insecure = false;             ///< set `insecure_no_secret`
   std::string host;                  ///< gethostname()
 };
 
@@ -92,11 +94,13 @@ struct peer_record {
   const auto key = [](int r) { return "peer_" + std::to_string(r); };
   std::array<char, 256> name{};
   if (::gethostname(name.data(), name.size() - 1) != 0) name[0] = '\0';
-  peer_record mine{ddp::detail::fresh_nonce(), reachable_from_other_hosts(opts), name.data()};
-  std::vector<char> bytes(mine.nonce.size() + 1 + mine.host.size());
+  peer_record mine{ddp::detail::fresh_nonce(), reachable_from_other_hosts(opts), !opts.secret.empty(),
+                   opts.insecure_no_secret, name.data()};
+  const std::size_t flags_at = mine.nonce.size();
+  std::vector<char> bytes(flags_at + 1 + mine.host.size());
   std::memcpy(bytes.data(), mine.nonce.data(), mine.nonce.size());
-  bytes[mine.nonce.size()] = mine.reachable ? 1 : 0;
-  std::memcpy(bytes.data() + mine.nonce.size() + 1, mine.host.data(), mine.host.size());
+  bytes[flags_at] = static_cast<char>((mine.reachable ? 1 : 0) | (mine.has_secret ? 2 : 0) | (mine.insecure ? 4 : 0));
+  std::memcpy(bytes.data() + flags_at + 1, mine.host.data(), mine.host.size());
   store.set(key(rank), bytes);
   std::vector<peer_record> all(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
@@ -106,32 +110,50 @@ struct peer_record {
       continue;
     }
     const std::vector<char> b = store.get(key(r));
-    if (b.size() < out.nonce.size() + 1 || (b[out.nonce.size()] != 0 && b[out.nonce.size()] != 1)) {
+    if (b.size() < flags_at + 1 || (static_cast<unsigned char>(b[flags_at]) & ~7u) != 0) {
       throw communication_error(rank, "gloo connect",
                                 "rank " + std::to_string(r) + " published a malformed peer record (" +
                                     std::to_string(b.size()) + " bytes): a ddp of another version, or not ddp");
     }
     std::memcpy(out.nonce.data(), b.data(), out.nonce.size());
-    out.reachable = b[out.nonce.size()] == 1;
-    out.host.assign(b.begin() + static_cast<std::ptrdiff_t>(out.nonce.size() + 1), b.end());
+    const auto flags = static_cast<unsigned char>(b[flags_at]);
+    out.reachable = (flags & 1) != 0;
+    out.has_secret = (flags & 2) != 0;
+    out.insecure = (flags & 4) != 0;
+    out.host.assign(b.begin() + static_cast<std::ptrdiff_t>(flags_at + 1), b.end());
   }
   return all;
 }
 
-/// The secret rule, decided alike on every rank from the records: with a secret, nothing to
-/// check; without one, a communicator that spans hosts or listens where other hosts can reach
-/// refuses to start unless `opts.insecure_no_secret`; on one host over loopback, rank 0 prints
-/// one line saying the pairs are not authenticated.
+/// The secret rule, decided alike on every rank from the records (so that no rank goes on to
+/// connect while another refused): some ranks with a secret and others without is an error;
+/// with a secret on every rank, nothing else to check; with none, a communicator that spans
+/// hosts or listens where other hosts can reach refuses to start unless every rank set
+/// `insecure_no_secret`; on one host over loopback, rank 0 prints one line saying the pairs are
+/// not authenticated.
 /// @throws usage_error saying why, and how to set a secret
-inline void check_secret_rule(const std::vector<peer_record>& records, const options& opts, int rank) {
-  if (!opts.secret.empty() || records.size() < 2) return;
-  std::set<std::string> hosts;
-  int reachable = -1;
-  for (std::size_t r = 0; r < records.size(); ++r) {
-    hosts.insert(records[r].host);
-    if (records[r].reachable && reachable < 0) reachable = static_cast<int>(r);
+inline void check_secret_rule(const std::vector<peer_record>& records, int rank) {
+  if (records.size() < 2) return;
+  const auto ranks_where = [&](auto pick) {
+    std::string out;
+    for (std::size_t r = 0; r < records.size(); ++r) {
+      if (pick(records[r])) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return out;
+  };
+  const std::string with = ranks_where([](const peer_record& p) { return p.has_secret; });
+  const std::string without = ranks_where([](const peer_record& p) { return !p.has_secret; });
+  if (!with.empty() && !without.empty()) {
+    throw usage_error(rank, "gloo connect",
+                      "rank(s) " + with + " hold a job secret and rank(s) " + without +
+                          " do not: give every process the same " + std::string(job_secret::default_variable) +
+                          " (docs/security.md)");
   }
-  if (hosts.size() < 2 && reachable < 0) {
+  if (!with.empty()) return;
+  std::set<std::string> hosts;
+  const std::string reachable = ranks_where([](const peer_record& p) { return p.reachable; });
+  for (const auto& p : records) hosts.insert(p.host);
+  if (hosts.size() < 2 && reachable.empty()) {
     if (rank == 0) {
       std::fprintf(stderr,
                    "ddp: gloo communicator of %zu ranks on one host without a job secret: its pairs are not "
@@ -140,29 +162,43 @@ inline void check_secret_rule(const std::vector<peer_record>& records, const opt
     }
     return;
   }
-  if (opts.insecure_no_secret) return;
+  const std::string not_opted_out = ranks_where([](const peer_record& p) { return !p.insecure; });
+  if (not_opted_out.empty()) return;
   const std::string where = hosts.size() >= 2
                                 ? "spans " + std::to_string(hosts.size()) + " hosts ('" + *hosts.begin() + "', '" +
                                       *std::next(hosts.begin()) + "'" + (hosts.size() > 2 ? ", ..." : "") + ")"
-                                : "listens where other hosts can reach it (rank " + std::to_string(reachable) + ")";
+                                : "listens where other hosts can reach it (rank(s) " + reachable + ")";
   throw usage_error(rank, "gloo connect",
                     "this communicator " + where +
-                        " and has no job secret: any process that reaches its ports "
-                        "could join it and read or inject data. Set " +
+                        " and has no job secret: any process that reaches its ports could join it and read or "
+                        "inject data. Set " +
                         std::string(job_secret::default_variable) + " to the same secret on every process (" +
                         job_secret::how_to_make +
-                        "), or set gloo::options::insecure_no_secret = true to run unauthenticated anyway "
-                        "(docs/security.md)");
+                        "), or set gloo::options::insecure_no_secret = true on every rank to run unauthenticated "
+                        "anyway (not set on rank(s) " +
+                        not_opted_out + "; docs/security.md)");
 }
 
-/// The communicator's binding (detail/peer_proof.hpp) from every rank's record.
+/// The communicator's binding (detail/peer_proof.hpp): every rank's record nonce, and every
+/// rank's published gloo addresses (`addresses[r]`; this rank's own as it wrote them, not as the
+/// store returns them), so that ranks that were shown different addresses (a store rewritten to
+/// put someone between them) hold different bindings and refuse each other.
 [[nodiscard]] inline ddp::detail::sha256_digest binding_of(const std::vector<peer_record>& records,
+                                                           const std::vector<std::vector<char>>& addresses,
                                                            std::string_view key_prefix) {
   std::vector<ddp::detail::proof_nonce> nonces;
   nonces.reserve(records.size());
   for (const auto& r : records) nonces.push_back(r.nonce);
-  return ddp::detail::communicator_binding("ddp gloo communicator", key_prefix, static_cast<int>(records.size()),
-                                           nonces);
+  const auto members =
+      ddp::detail::communicator_binding("ddp gloo communicator", key_prefix, static_cast<int>(records.size()), nonces);
+  ddp::detail::sha256 h;
+  h.update(members);
+  for (const auto& a : addresses) {
+    const std::uint64_t n = a.size();
+    h.update(std::as_bytes(std::span(&n, 1)));
+    h.update(std::as_bytes(std::span(a)));
+  }
+  return h.finish();
 }
 
 /// Runs step 2 of the file comment with every peer of `ctx` (a no-op for an empty secret or one

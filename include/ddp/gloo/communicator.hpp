@@ -95,9 +95,12 @@ class communicator {
     connect_info.name = "connect";
     try {
       const auto records = detail::exchange_records(rendezvous, rank, size, opts);
-      detail::check_secret_rule(records, opts, rank);
+      detail::check_secret_rule(records, rank);
       ctx->connectFullMesh(rendezvous, device);
-      detail::authenticate_pairs(*ctx, opts.secret, detail::binding_of(records, opts.key_prefix), deadline);
+      if (!opts.secret.empty() && size > 1) {
+        detail::authenticate_pairs(*ctx, opts.secret,
+                                   detail::binding_of(records, rendezvous.addresses(size), opts.key_prefix), deadline);
+      }
       rendezvous.connected();
     } catch (...) {
       const auto e = detail::translate_current_exception(connect_info);

@@ -51,6 +51,16 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
                             "communicator under a fresh generation prefix (stores::generation_store)");
     }
     store_.set(k, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()));
+    if (key == std::to_string(rank_)) own_addresses_ = data;
+  }
+
+  /// Every rank's published gloo addresses (gloo's key "<rank>"), this rank's own as it wrote
+  /// them (the store could return something else), for the authentication's binding.
+  std::vector<std::vector<char>> addresses(int size) {
+    std::vector<std::vector<char>> all;
+    all.reserve(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) all.push_back(r == rank_ ? own_addresses_ : get(std::to_string(r)));
+    return all;
   }
 
   std::vector<char> get(const std::string& key) override {
@@ -120,6 +130,7 @@ class rendezvous_store final : public ::gloo::rendezvous::Store {
   std::chrono::steady_clock::time_point deadline_;
   int size_;
   progress_meter meter_;
+  std::vector<char> own_addresses_;
 };
 
 }  // namespace ddp::gloo::detail
