@@ -229,6 +229,20 @@ requires(!detail::viewable<T>) tensor_view view(T&) {
   return {};
 }
 
+/// The view of a temporary handle (`std::span`, `at::Tensor`: its data outlives it), which the
+/// components accept too (docs/tensors.md). A temporary of another tensor type would leave the
+/// view dangling: a compile error that says so.
+template <class T>
+requires(!std::is_lvalue_reference_v<T> && detail::viewable<T>)
+[[nodiscard]] tensor_view view(T&& t) {
+  static_assert(is_tensor_handle_v<std::remove_cvref_t<T>> || std::same_as<std::remove_cvref_t<T>, tensor_view>,
+                "ddp::view of a temporary that is not a handle (a std::vector returned by value, ...): the view "
+                "would dangle once the temporary dies. Keep the tensor in a variable, or, if copies of the type "
+                "share one storage, declare `static constexpr bool is_handle = true;` in ddp::tensor_traits<T> "
+                "(docs/tensors.md)");
+  return view(t);
+}
+
 namespace detail {
 
 /// `view()` of the `T` behind `object`, for components that keep a type-erased pointer to a

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
@@ -85,6 +86,11 @@ std::size_t use(ddp::local::communicator& comm) {
   return grads.add(std::vector<float>(4));  // would dangle: the Bucketer keeps a reference
 #elif defined(DDP_CASE_const_mutable_only_buffer)
   return buffers.add(cm);
+#elif defined(DDP_CASE_temporary_handle_view)
+  std::vector<float> v(4);
+  return ddp::view(std::span<float>(v)).count;  // a temporary handle: it borrows v
+#elif defined(DDP_CASE_temporary_vector_view)
+  return ddp::view(std::vector<float>(4)).count;  // would dangle
 #else
 #error "no DDP_CASE_ given"
 #endif

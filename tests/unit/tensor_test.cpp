@@ -121,6 +121,18 @@ TEST_CASE("standard contiguous ranges are tensors with no user code", "[tensor]"
   CHECK(v.slice(1, 2).data == a.data() + 1);
 }
 
+TEST_CASE("a temporary handle views what it borrows; a temporary of another type does not compile", "[tensor]") {
+  std::vector<float> v(6, 1.0f);
+  const auto t = ddp::view(std::span<float>(v).subspan(2));  // a temporary std::span, as components take one
+  CHECK(t.data == v.data() + 2);
+  CHECK(t.count == 4);
+  CHECK(t.type == ddp::dtype::f32);
+  CHECK(ddp::view(ddp::view(v)).data == v.data());  // a temporary tensor_view
+  // The same call with a temporary std::vector is a static_assert that says the view would dangle.
+  STATIC_REQUIRE(ddp::is_tensor_handle_v<std::span<float>>);
+  STATIC_REQUIRE_FALSE(ddp::is_tensor_handle_v<std::vector<float>>);
+}
+
 TEST_CASE("a user tensor type plugs in through tensor_traits", "[tensor]") {
   std::vector<float> storage(7);
   user::Tensor t{storage.data(), 7, true};
