@@ -233,8 +233,7 @@ requires(!detail::viewable<T>) tensor_view view(T&) {
 /// components accept too (docs/tensors.md). A temporary of another tensor type would leave the
 /// view dangling: a compile error that says so.
 template <class T>
-requires(!std::is_lvalue_reference_v<T> && detail::viewable<T>)
-[[nodiscard]] tensor_view view(T&& t) {
+requires(!std::is_lvalue_reference_v<T> && detail::viewable<T>) [[nodiscard]] tensor_view view(T&& t) {
   static_assert(is_tensor_handle_v<std::remove_cvref_t<T>> || std::same_as<std::remove_cvref_t<T>, tensor_view>,
                 "ddp::view of a temporary that is not a handle (a std::vector returned by value, ...): the view "
                 "would dangle once the temporary dies. Keep the tensor in a variable, or, if copies of the type "
