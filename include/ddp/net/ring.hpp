@@ -11,10 +11,12 @@
 ///
 /// Who may join: each member listens only on the addresses it publishes, and every connection
 /// starts with the handshake of net/ring_handshake.hpp. With the job's secret on every member,
-/// both ends prove it, bound to this ring instance. Without one, a ring whose members are all on
+/// both ends prove it, bound to this ring instance and to the acceptor's address and port as
+/// dialled (a relay at another address is refused). Without one, a ring whose members are all on
 /// one host greets with a token agreed over the members' allgather (a stranger cannot join by
 /// mistake); a ring that spans hosts refuses to start unless every member allows it
-/// (`insecure_no_secret`).
+/// (`insecure_no_secret`). A ring that spans hosts neither listens on nor dials loopback, and a
+/// member never dials an address of its own host there: a process of that host could answer.
 
 #include <algorithm>
 #include <array>
@@ -77,10 +79,13 @@ class ring {
     const std::vector<ipv4> addrs(
         found.begin(), found.begin() + static_cast<std::ptrdiff_t>(std::min(found.size(), ring_record::max_addresses)));
     std::uint16_t port = 0;
-    const std::vector<socket_fd> listeners = listen_on(addrs, port, ctx);
+    std::vector<socket_fd> listeners = listen_on(addrs, port, ctx);
     const ring_record mine = detail::make_record(index, port, addrs, secret, insecure_no_secret);
     const std::vector<ring_record> all = allgather(mine);
     const detail::ring_plan plan = detail::plan_ring(all, index, count, secret, ctx);
+    // Loopback is published (the records decide whether every member is on one host only once
+    // they are read) but listened on, and dialled, only if every member is on one host.
+    detail::drop_loopback_listeners(listeners, plan);
     r.s_->token = plan.token;
     const int right = (index + 1) % count;
     // Accept the left neighbour while dialling the right one: each handshake waits for an
@@ -95,7 +100,8 @@ class ring {
       }
     });
     try {
-      r.s_->right = detail::dial(all[static_cast<std::size_t>(right)], plan, found, deadline, ctx);
+      // Every address of this host, not only the published ones: none is dialled across hosts.
+      r.s_->right = detail::dial(all[static_cast<std::size_t>(right)], plan, local_addresses({}, true), deadline, ctx);
     } catch (...) {
       cancel.notify();  // ends the acceptor's wait (after a short grace: detail::answer)
       acceptor.join();

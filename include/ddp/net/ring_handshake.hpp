@@ -11,10 +11,15 @@
 /// 3. with a secret: the dialer sends its proof; the acceptor verifies it (in constant time)
 ///    before it sends anything derived from the secret, and answers with a verdict: refused
 ///    (then it closes), or accepted with its own proof, which the dialer verifies.
+/// Both proofs are bound to the ring instance and to the acceptor's end point as the dialer
+/// dialled it (`connection_binding`), so a relay reached at another address is refused by both.
 /// The acceptor runs several such handshakes at once, each with a deadline of its own, so a
 /// stranger that connects first and stays silent or sends garbage neither stalls nor breaks it.
+/// Unless every member is on one host, nobody dials a loopback address or one of its own host's
+/// addresses, nor listens on loopback (`dial_candidates`, `drop_loopback_listeners`).
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,8 +32,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -78,14 +85,25 @@ struct ring_verdict {
 };
 
 /// How long an accepted connection may take to complete its handshake: a stranger that stays
-/// silent is dropped after this, while other connections go on meanwhile.
+/// silent is dropped after this, while other connections go on meanwhile. The dialer gives each
+/// address as long for the hello and the proofs.
 inline constexpr std::chrono::milliseconds greeting_timeout{2000};
+
+/// The longest a dialer tries to connect to one address when more are left to try (each gets at
+/// most its share of the time left, the last one all of it).
+inline constexpr std::chrono::milliseconds connect_share{2000};
+
+/// Refusals after which a dialer gives up an address: every member listens before it publishes
+/// its record, so a refusal means that nothing listens there (3 tries, 20 ms apart, forgive a
+/// listen backlog that overflowed for a moment).
+inline constexpr int connect_refusals = 3;
 
 /// What every member decides from the allgathered records alone (so all decide alike).
 struct ring_plan {
   std::uint64_t token = 0;               ///< XOR of the members' tokens
   bool authenticated = false;            ///< every connection proves the job secret
-  ddp::detail::sha256_digest binding{};  ///< the ring instance the proofs are bound to
+  ddp::detail::sha256_digest binding{};  ///< the ring instance (`connection_binding` adds the end point)
+  bool one_host = true;                  ///< every record names one host and the same addresses
   const job_secret* secret = nullptr;    ///< this member's secret (when authenticated)
   int index = 0;                         ///< this member
   int count = 1;                         ///< members
@@ -166,6 +184,7 @@ inline ring_plan plan_ring(const std::vector<ring_record>& all, int index, int c
     if (!same && other_host < 0) other_host = i;
   }
   p.binding = ddp::detail::communicator_binding("ddp net ring", "ring", count, nonces);
+  p.one_host = other_host < 0;
   if (without_secret.empty()) {
     p.authenticated = true;
     p.secret = &secret;
@@ -215,70 +234,160 @@ inline ring_plan plan_ring(const std::vector<ring_record>& all, int index, int c
   return p;
 }
 
-/// Dials `peer` (the right neighbour) at one of its addresses, those on `mine`'s subnets first,
-/// and runs the dialer's side of the handshake. An address where something else answers (a wrong
-/// hello, a closed connection, silence) is skipped; a refused or wrong proof fails at once.
-/// @throws communication_error naming the neighbour
-inline socket_fd dial(const ring_record& peer, const ring_plan& plan, const std::vector<ipv4>& mine,
-                      clock::time_point deadline, const context& ctx) {
-  std::vector<ipv4> candidates;
-  for (std::uint16_t i = 0; i < std::min<std::size_t>(peer.addresses, ring_record::max_addresses); ++i) {
-    candidates.push_back({peer.address[i]});
+/// Whether `a` is a loopback address (127/8: every host has them, and any process of the host may
+/// listen on one at any port that is free there).
+[[nodiscard]] inline bool is_loopback(ipv4 a) noexcept { return (ntohl(a.addr) >> 24) == 127; }
+
+/// The binding of one connection's proofs: the ring's (`plan.binding`) and the acceptor's end
+/// point as the dialer dialled it (IPv4 address and port). The dialer passes the address and port
+/// it connected to; the acceptor, `getsockname` of the accepted socket. A relay that the dialer
+/// reaches instead of the neighbour (a process of the dialer's host listening on 127.0.0.1 or a
+/// bridge address at the neighbour's port, forwarding to the neighbour's real address) makes the
+/// two sides hash different end points, so each refuses the other's proof. It is folded into the
+/// binding, not added to detail::peer_proof, whose inputs gloo shares; the "end point" field
+/// keeps it apart from any communicator binding. @throws ddp::error if libcrypto fails
+[[nodiscard]] inline ddp::detail::sha256_digest connection_binding(const ddp::detail::sha256_digest& ring, ipv4 address,
+                                                                   std::uint16_t port) {
+  static constexpr std::string_view label = "ddp net ring end point";
+  const std::uint16_t port_n = htons(port);
+  ddp::detail::sha256 h;
+  for (const std::span<const std::byte> field :
+       {std::as_bytes(std::span(label)), std::span<const std::byte>(ring), std::as_bytes(std::span(&address.addr, 1)),
+        std::as_bytes(std::span(&port_n, 1))}) {
+    const std::uint64_t n = field.size();  // length-prefixed, as in communicator_binding
+    h.update(std::as_bytes(std::span(&n, 1)));
+    h.update(field);
+  }
+  return h.finish();
+}
+
+/// The addresses of `peer` to dial, in order: those on the subnets of `own` (every address of the
+/// dialer's host) first. Unless every member is on one host (`plan.one_host`), it leaves out
+/// loopback addresses and the dialer's own: there a process of the dialer's host answers, not
+/// the neighbour (every host has 127.0.0.1, and bridges such as docker0's 172.17.0.1 exist on
+/// many). `skipped` receives those left out, and why, for an error message.
+[[nodiscard]] inline std::vector<ipv4> dial_candidates(const ring_record& peer, const ring_plan& plan,
+                                                       const std::vector<ipv4>& own, std::string& skipped) {
+  std::vector<ipv4> out;
+  for (std::size_t i = 0; i < std::min<std::size_t>(peer.addresses, ring_record::max_addresses); ++i) {
+    const ipv4 a{peer.address[i]};
+    const bool mine = std::any_of(own.begin(), own.end(), [&](ipv4 b) { return b.addr == a.addr; });
+    if (!plan.one_host && (is_loopback(a) || mine)) {
+      skipped += (skipped.empty() ? "" : ", ") + a.str() + (is_loopback(a) ? " (loopback)" : " (this host's)");
+    } else {
+      out.push_back(a);
+    }
   }
   const auto same_subnet = [&](ipv4 a) {
-    return std::any_of(mine.begin(), mine.end(), [&](ipv4 b) {
-      return (ntohl(a.addr) >> 8) == (ntohl(b.addr) >> 8) && (ntohl(a.addr) >> 24) != 127;
-    });
+    return !is_loopback(a) &&
+           std::any_of(own.begin(), own.end(), [&](ipv4 b) { return (ntohl(a.addr) >> 8) == (ntohl(b.addr) >> 8); });
   };
-  std::stable_partition(candidates.begin(), candidates.end(), same_subnet);
+  std::stable_partition(out.begin(), out.end(), same_subnet);
+  return out;
+}
+
+/// Closes the listeners on loopback addresses unless every member is on one host (no neighbour
+/// dials them then; see dial_candidates). They were open until the records were read, so that
+/// nobody else could take this port on them meanwhile.
+inline void drop_loopback_listeners(std::vector<socket_fd>& listeners, const ring_plan& plan) {
+  if (plan.one_host) return;
+  std::erase_if(listeners, [](const socket_fd& l) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    return ::getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0 && is_loopback(ipv4{a.sin_addr.s_addr});
+  });
+}
+
+/// Dials `peer` (the right neighbour) at the addresses dial_candidates picks, each for a share of
+/// the time left (`connect_share`; an address that refuses is given up at once,
+/// `connect_refusals`), and runs the dialer's side of the handshake. An address where something
+/// else answers (a wrong hello, a closed connection, silence) is skipped, and why is kept for the
+/// error. Once an address has answered with the neighbour's hello, whatever happens on that
+/// connection is the outcome: a refused or wrong proof, or a connection that ends, fails at once
+/// (falling through to another address would let a relay that echoes the hello hide the cause).
+/// @throws communication_error (or timeout_error) naming the neighbour, the address and the cause;
+///         an error that is not the network's (libcrypto, the kernel's random numbers) propagates
+inline socket_fd dial(const ring_record& peer, const ring_plan& plan, const std::vector<ipv4>& own,
+                      clock::time_point deadline, const context& ctx) {
   const int right = static_cast<int>(peer.index);
   const std::string who = leader_name(right, "right");
-  std::string tried;
-  for (ipv4 a : candidates) {
-    const auto try_until = std::min(deadline, clock::now() + std::chrono::seconds(5));
-    socket_fd s = connect_to(a, peer.port, try_until);
+  std::string skipped;
+  const std::vector<ipv4> candidates = dial_candidates(peer, plan, own, skipped);
+  std::string tried;  // "address: why" for each address given up
+  const auto give_up = [&](const std::string& at, const std::string& why) {
+    tried += (tried.empty() ? "" : "; ") + at + ": " + why;
+  };
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const ipv4 a = candidates[i];
     const std::string at = a.str() + ":" + std::to_string(peer.port);
-    tried += (tried.empty() ? "" : ", ") + at;
-    if (!s) continue;
+    const auto now = clock::now();
+    const auto left = static_cast<clock::rep>(candidates.size() - i);
+    const auto until =
+        left == 1 ? deadline
+                  : std::min(deadline, now + std::min<clock::duration>(connect_share, (deadline - now) / left));
+    int err = 0;
+    socket_fd s = connect_to(a, peer.port, until, &err, connect_refusals);
+    if (!s) {
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) fail_errno(ctx, "socket()", err);
+      give_up(at, err == ETIMEDOUT ? "no answer within its share of the deadline" : std::strerror(err));
+      continue;
+    }
+    const auto greet_until = std::min(deadline, clock::now() + greeting_timeout);
     const ring_hello h{ring_record::magic_value, static_cast<std::uint32_t>(plan.index), plan.token,
                        ddp::detail::fresh_nonce()};
     ring_hello back{};
+    try {  // only the network's errors here: "it" is whatever answers at this address
+      send_all(s, &h, sizeof h, greet_until, ctx, "it");
+      recv_all(s, &back, sizeof back, greet_until, ctx, "it");
+    } catch (const timeout_error&) {
+      give_up(at, "no hello in answer (something else listens there?)");
+      continue;
+    } catch (const communication_error& e) {
+      give_up(at, e.message());
+      continue;
+    }
+    if (back.magic != ring_record::magic_value || back.token != plan.token ||
+        back.index != static_cast<std::uint32_t>(right)) {
+      give_up(at, "something else answers there (not this ring's hello from " + who + ")");
+      continue;
+    }
+    // The neighbour's hello (or a relay's echo of it): from here on, no other address.
+    if (!plan.authenticated) return s;
+    const std::string there = std::string(who).append(" at ").append(at);
+    const auto binding = connection_binding(plan.binding, a, peer.port);
+    const auto proof = ddp::detail::peer_proof(*plan.secret, binding, plan.index, right, h.nonce, back.nonce);
     ring_verdict verdict{};
-    try {
-      send_all(s, &h, sizeof h, try_until, ctx, who);
-      recv_all(s, &back, sizeof back, try_until, ctx, who);
-      if (back.magic != ring_record::magic_value || back.token != plan.token ||
-          back.index != static_cast<std::uint32_t>(right)) {
-        continue;  // not this ring's member: a stranger at that address
-      }
-      if (!plan.authenticated) return s;
-      const auto proof = ddp::detail::peer_proof(*plan.secret, plan.binding, plan.index, right, h.nonce, back.nonce);
-      send_all(s, proof.data(), proof.size(), try_until, ctx, who);
-      recv_all(s, &verdict, sizeof verdict, try_until, ctx, who);
-    } catch (const error&) {
-      continue;  // closed or silent: try the next address
-    }
+    send_all(s, proof.data(), proof.size(), greet_until, ctx, there);
+    recv_all(s, &verdict, sizeof verdict, greet_until, ctx, there);
     if (verdict.magic != ring_record::magic_value || verdict.outcome == ring_verdict::refused) {
-      fail(ctx, who + " at " + at +
-                    " refused this leader's proof of the job secret: do all node leaders have the same "
-                    "secret (" +
-                    job_secret::default_variable + ")?");
+      fail(ctx, there + " refused this leader's proof of the job secret: do all node leaders have the same secret (" +
+                    job_secret::default_variable +
+                    ")? Or something else listens at that address and relays to the neighbour (a proof is bound "
+                    "to the address dialled)");
     }
-    const auto expected = ddp::detail::peer_proof(*plan.secret, plan.binding, right, plan.index, back.nonce, h.nonce);
+    const auto expected = ddp::detail::peer_proof(*plan.secret, binding, right, plan.index, back.nonce, h.nonce);
     if (!ddp::detail::constant_time_equal(expected, verdict.proof)) {
-      fail(ctx, who + " at " + at + " did not prove the job secret: another secret, or not a member of this job");
+      fail(ctx, there + " did not prove the job secret: another secret, or not a member of this job");
     }
     return s;
   }
-  fail(ctx, "could not connect to " + who + " at any of its addresses (" + tried +
-                "); set shm::options::socket_interface to the interface the hosts share");
+  std::string why = candidates.empty() ? "it publishes no address this leader may dial" : "tried " + tried;
+  if (!skipped.empty()) {
+    why += "; not dialled, as the records say the ring spans hosts (another host name or address list): " + skipped;
+  }
+  fail(ctx, "could not connect to " + who + " at any of its addresses (" + why +
+                "); set shm::options::socket_interface to the interface the hosts share" +
+                (candidates.empty() ? " (leaders in one network namespace need one host name)" : ""));
 }
 
 /// The acceptor's side: accepts on `listeners` until the left neighbour completes the handshake
 /// (see the file comment), several connections at once, each within `greeting_timeout` (or the
-/// deadline, if sooner); the others are dropped. Once `cancel` is readable (this member failed
-/// already) it goes on for at most `cancel_grace`, so that a neighbour whose handshake is under
-/// way learns how it ended (e.g. that its proof was refused) instead of seeing the port vanish.
+/// deadline, if sooner); the others are dropped. Beyond `max_pending` connections it drops one
+/// that has not sent this ring's hello yet (the oldest), else the oldest. A refused proof does not
+/// end the wait: a stranger's connection and a neighbour with another secret look alike here.
+/// Once `cancel` is readable (this member failed already) it goes on for at most `cancel_grace`,
+/// so that a neighbour whose handshake is under way learns how it ended (e.g. that its proof was
+/// refused) instead of seeing the port vanish.
 /// @throws communication_error naming the left neighbour if a connection that greeted as it
 ///         proved a wrong secret and none proved the right one before the deadline
 /// @throws timeout_error naming the left neighbour if it did not connect before the deadline
@@ -288,11 +397,13 @@ inline socket_fd answer(const std::vector<socket_fd>& listeners, const wakeup_pi
   bool cancelled = false;
   const int left = (plan.index + plan.count - 1) % plan.count;
   const std::string who = leader_name(left, "left");
-  static constexpr std::size_t max_pending = 64;  // beyond: the oldest is dropped
+  static constexpr std::size_t max_pending = 64;  // beyond: one is dropped (see above)
   struct pending {
     socket_fd s;
     clock::time_point until;
-    int stage = 0;  // 0 read hello, 1 write hello, 2 read proof, 3 write verdict
+    ipv4 local;              // the end point the dialer dialled (getsockname)
+    std::uint16_t port = 0;  // (host byte order)
+    int stage = 0;           // 0 read hello, 1 write hello, 2 read proof, 3 write verdict
     std::array<std::byte, std::max(sizeof(ring_hello), sizeof(ring_verdict))> buf{};
     std::size_t done = 0, want = sizeof(ring_hello);
     ring_hello theirs{};
@@ -300,6 +411,10 @@ inline socket_fd answer(const std::vector<socket_fd>& listeners, const wakeup_pi
   };
   std::vector<pending> conns;
   bool wrong_proof = false;
+  const auto evict = [&conns] {  // the oldest that has not greeted as the left neighbour, else the oldest
+    const auto it = std::find_if(conns.begin(), conns.end(), [](const pending& c) { return c.stage == 0; });
+    conns.erase(it != conns.end() ? it : conns.begin());
+  };
   enum class step { wait, drop, won };
   // Moves connection `c` as far as its socket allows.
   const auto advance = [&](pending& c) {
@@ -332,12 +447,13 @@ inline socket_fd answer(const std::vector<socket_fd>& listeners, const wakeup_pi
         // Verify the dialer's proof before sending anything derived from the secret.
         ddp::detail::sha256_digest got{};
         std::memcpy(got.data(), c.buf.data(), got.size());
+        const auto binding = connection_binding(plan.binding, c.local, c.port);
         const auto expected =
-            ddp::detail::peer_proof(*plan.secret, plan.binding, left, plan.index, c.theirs.nonce, c.ours.nonce);
+            ddp::detail::peer_proof(*plan.secret, binding, left, plan.index, c.theirs.nonce, c.ours.nonce);
         ring_verdict v{};
         if (ddp::detail::constant_time_equal(expected, got)) {
           v.outcome = ring_verdict::accepted;
-          v.proof = ddp::detail::peer_proof(*plan.secret, plan.binding, plan.index, left, c.ours.nonce, c.theirs.nonce);
+          v.proof = ddp::detail::peer_proof(*plan.secret, binding, plan.index, left, c.ours.nonce, c.theirs.nonce);
         }
         std::memcpy(c.buf.data(), &v, sizeof v);
         c.stage = 3;
@@ -403,16 +519,21 @@ inline socket_fd answer(const std::vector<socket_fd>& listeners, const wakeup_pi
           const int err = errno;
           if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
             if (conns.empty()) fail_errno(ctx, "accept while waiting for " + who, err);
-            conns.erase(conns.begin());  // frees a descriptor for the next try
+            evict();  // frees a descriptor for the next try
           } else if (err == EBADF || err == EINVAL || err == ENOTSOCK) {
             fail_errno(ctx, "accept while waiting for " + who, err);
           }
           break;  // EAGAIN, or a network error of one connection (accept(2)): the next poll retries
         }
+        sockaddr_in local{};
+        socklen_t len = sizeof local;
+        if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;  // drops it
         detail::tune(s.get());
-        if (conns.size() == max_pending) conns.erase(conns.begin());
+        if (conns.size() == max_pending) evict();
         pending c;
         c.s = std::move(s);
+        c.local = ipv4{local.sin_addr.s_addr};
+        c.port = ntohs(local.sin_port);
         c.until = std::min(deadline, clock::now() + greeting_timeout);
         conns.push_back(std::move(c));
       }

@@ -132,15 +132,16 @@ inline void tune(int fd) {
 }  // namespace detail
 
 /// This host's IPv4 addresses that peers may reach: those of `interface` if it is not empty
-/// (e.g. "eth0"), else of every interface that is up, loopback last (alone on a machine without
-/// another interface, ranks on it still reach each other).
-[[nodiscard]] inline std::vector<ipv4> local_addresses(const std::string& interface = {}) {
+/// (e.g. "eth0"), else of every interface that is up (`with_down`: of every interface), loopback
+/// last (alone on a machine without another interface, ranks on it still reach each other; the
+/// ring dials loopback only when all its members are on one host, net/ring_handshake.hpp).
+[[nodiscard]] inline std::vector<ipv4> local_addresses(const std::string& interface = {}, bool with_down = false) {
   std::vector<ipv4> out;
   std::vector<ipv4> loopback;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return out;
   for (ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || (!with_down && !(a->ifa_flags & IFF_UP))) continue;
     if (!interface.empty() && interface != a->ifa_name) continue;
     ipv4 ip{reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr};
     ((a->ifa_flags & IFF_LOOPBACK) ? loopback : out).push_back(ip);
@@ -213,35 +214,51 @@ class wakeup_pipe {
   socket_fd read_, write_;
 };
 
-/// Connects to `to:port` before the deadline (retrying refused connections: the peer may not
-/// listen yet); nullopt-like empty socket if `to` cannot be reached by then.
-[[nodiscard]] inline socket_fd connect_to(ipv4 to, std::uint16_t port, clock::time_point deadline) {
+/// Connects to `to:port` before the deadline, retrying a failed attempt every 20 ms (each
+/// attempt waits at most 1 s for an answer, so a lost SYN is sent again); an empty socket if `to`
+/// cannot be reached by then. `last_error` (if not null) receives why the last attempt failed
+/// (ETIMEDOUT: no answer before the deadline; the errno of `socket()` if it failed, which ends the
+/// tries). `max_refused` > 0: give up after that many refusals (ECONNREFUSED, ENETUNREACH,
+/// EHOSTUNREACH) instead of retrying until the deadline: right for a peer that listened before it
+/// published its address, where a refusal means nothing listens there; 0: retry refusals (the
+/// peer may not listen yet).
+[[nodiscard]] inline socket_fd connect_to(ipv4 to, std::uint16_t port, clock::time_point deadline,
+                                          int* last_error = nullptr, int max_refused = 0) {
+  int err = ETIMEDOUT;
+  int refused = 0;
   while (clock::now() < deadline) {
     socket_fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!s) return {};
+    if (!s) {
+      err = errno;
+      break;
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = to.addr;
     a.sin_port = htons(port);
     detail::set_nonblocking(s.get(), true);
-    int rc = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a);
-    if (rc != 0 && errno == EINPROGRESS) {
+    int e = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+    if (e == EINPROGRESS) {
       pollfd p{s.get(), POLLOUT, 0};
       const int ms = std::min(detail::remaining_ms(deadline), 1000);
+      e = ETIMEDOUT;
       if (::poll(&p, 1, ms) == 1) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        rc = err == 0 ? 0 : -1;
+        socklen_t len = sizeof e;
+        if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
       }
     }
-    if (rc == 0) {
+    if (e == 0) {
       detail::set_nonblocking(s.get(), false);
       detail::tune(s.get());
       return s;
     }
-    ::usleep(20000);
+    err = e;
+    if ((e == ECONNREFUSED || e == ENETUNREACH || e == EHOSTUNREACH) && max_refused > 0 && ++refused >= max_refused) {
+      break;
+    }
+    ::usleep(static_cast<useconds_t>(std::min(detail::remaining_ms(deadline), 20)) * 1000);
   }
+  if (last_error) *last_error = err;
   return {};
 }
 
