@@ -68,17 +68,12 @@ struct late_key_store {
   std::size_t erase_prefix(std::string_view prefix) { return inner.erase_prefix(prefix); }
 };
 
-/// Connects and runs one allreduce; reports "result=ok" or the error's kind and text. A
-/// `late_address` holds back this rank's address in the store by that long.
-void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, const ddp::gloo::options& opts,
-                        const reporter& rep, std::chrono::milliseconds late_address = {}) {
-  st::file_store files(dir);
-  late_key_store store{ddp::store_ref(files), opts.key_prefix + std::to_string(rank), late_address};
+/// Runs `body` and reports "result=ok", or the kind of ddp error it threw ("timeout",
+/// "communication", "usage") and its text as "what".
+template <class Body>
+void report_outcome(const reporter& rep, Body&& body) {
   try {
-    ddp::gloo::communicator c(store, rank, size, opts);
-    std::vector<float> v(4096, pattern);
-    ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
-    CHILD_CHECK(v.front() == pattern * static_cast<float>(size), "sum " << v.front());
+    body();
     rep.set("result", "ok");
   } catch (const ddp::timeout_error& e) {
     rep.set("result", "timeout");
@@ -90,6 +85,20 @@ void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, co
     rep.set("result", "usage");
     rep.set("what", e.what());
   }
+}
+
+/// Connects and runs one allreduce; reports "result=ok" or the error's kind and text. A
+/// `late_address` holds back this rank's address in the store by that long.
+void connect_and_reduce(const std::filesystem::path& dir, int rank, int size, const ddp::gloo::options& opts,
+                        const reporter& rep, std::chrono::milliseconds late_address = {}) {
+  st::file_store files(dir);
+  late_key_store store{ddp::store_ref(files), opts.key_prefix + std::to_string(rank), late_address};
+  report_outcome(rep, [&] {
+    ddp::gloo::communicator c(store, rank, size, opts);
+    std::vector<float> v(4096, pattern);
+    ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
+    CHILD_CHECK(v.front() == pattern * static_cast<float>(size), "sum " << v.front());
+  });
 }
 
 /// This host's first IPv4 address that is not loopback ("" if it has none).
@@ -165,16 +174,7 @@ void authenticate_spliced(const std::filesystem::path& dir, int rank, const ddp:
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, 2);
   ctx->setTimeout(5s);
   ctx->connectFullMesh(rendezvous, device);
-  try {
-    ddp::gloo::detail::authenticate_pairs(*ctx, secret, binding, deadline);
-    rep.set("result", "ok");
-  } catch (const ddp::timeout_error& e) {
-    rep.set("result", "timeout");
-    rep.set("what", e.what());
-  } catch (const ddp::communication_error& e) {
-    rep.set("result", "communication");
-    rep.set("what", e.what());
-  }
+  report_outcome(rep, [&] { ddp::gloo::detail::authenticate_pairs(*ctx, secret, binding, deadline); });
 }
 
 /// A communicator's binding from fresh member records, as every rank of it computes.
@@ -627,18 +627,11 @@ TEST_CASE("gloo auth: a stranger relaying between two communicators of one size 
     late_key_store store{ddp::store_ref(ns), first ? "" : "gloo/" + std::to_string(rank), 1500ms};
     auto opts = options_with(secret, 8s);
     opts.hostname = first ? "127.0.0.1" : "127.0.0.2";
-    try {
+    report_outcome(rep, [&] {
       ddp::gloo::communicator c(store, rank, 2, opts);
       std::vector<float> v(4096, pattern);
       ddp::communicator_ref(c).allreduce(v, ddp::reduce_op::sum).wait();
-      rep.set("result", "ok");
-    } catch (const ddp::timeout_error& e) {
-      rep.set("result", "timeout");
-      rep.set("what", e.what());
-    } catch (const ddp::communication_error& e) {
-      rep.set("result", "communication");
-      rep.set("what", e.what());
-    }
+    });
   });
   const pid_t stranger_pid = other_user::start([&] {
     ::close(ports_pipe[1]);
