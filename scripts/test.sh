@@ -21,7 +21,9 @@ build="${DDP_BUILD_DIR:-$root/build/default}"
 generator=()
 [ -f "$build/CMakeCache.txt" ] || ! command -v ninja > /dev/null || generator=(-G Ninja)
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "$@"
+build_start=$(date +%s)
 cmake --build "$build" -j "$(nproc)"
+echo "test.sh: the build took $(($(date +%s) - build_start)) s on $(nproc) cores"
 # MPI tests (and jobs across test hosts, label hosts: docs/launching.md) oversubscribe 2 cores
 # already: run them one at a time, the rest in parallel.
 if [ "$multi_process" = stress ]; then
