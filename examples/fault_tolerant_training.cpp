@@ -109,12 +109,11 @@ int train(const std::string& id, Store& store, int diloco, int spares) {
       if (outer.end()) report();
     }
   } else {
-    ddp::Bucketer<ddp::bucketing::fixed> grads(m, {}, {.check_layout = false});
+    ddp::Bucketer<ddp::bucketing::fixed> grads(m);
     // With spares: the Manager's hook zeroes a spare's buckets and divides by the contributors.
     if (spares > 0) grads.register_comm_hook(m.comm_hook());
     grads.add(w, grad);
-    grads.build();
-    m.set_layout_fingerprint(grads.layout_fingerprint());
+    m.attach(grads);  // builds it: the Manager compares its layout at every quorum
     while (m.step() < steps || static_cast<int>(m.members().size()) < replicas) {
       m.start_quorum();
       if (m.participating()) {  // a hot spare skips the forward and backward passes

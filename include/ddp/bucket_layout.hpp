@@ -10,7 +10,8 @@
 ///   if present, the Bucketer rebuilds once, after the first synchronised iteration, from the order
 ///   in which gradients became ready on rank 0 (broadcast, so every rank builds the same layout).
 /// A policy with `static constexpr bool fixed_layout = true` promises never to rebuild. Over a
-/// fault-tolerance Manager the policy must not rebuild: that is the user's duty, nothing checks it.
+/// fault-tolerance Manager the policy must not rebuild (`Manager::attach` refuses it at compile time,
+/// a Bucketer's `build()` over a Manager at run time).
 /// With a rebuilding policy a replica that joins later rebuilds after its own first synchronised
 /// iteration, one broadcast the others do not issue, so its collectives stop matching theirs
 /// (docs/bucketer.md, "Layout policies").

@@ -10,6 +10,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <type_traits>
@@ -59,6 +60,14 @@ concept staging_communicator = communicator<C> && requires(const C& cc) {
 template <class C>
 concept device_communicator = communicator<C> && requires(const C& cc) {
   { cc.device_queue() } -> std::same_as<ddp::device_queue>;
+};
+
+/// A communicator that compares the gradient layout of its ranks itself, whenever its members
+/// change (the Manager and GroupManager do at every quorum): a Bucketer built over it hands it its
+/// layout fingerprint instead of running its own one-time check (bucketer/engine.hpp).
+template <class C>
+concept layout_adopting_communicator = communicator<C> && requires(C& c, std::uint64_t fingerprint) {
+  {c.adopt_layout(fingerprint)};
 };
 
 /// A tensor of any tensor type, or a `tensor_view`: what the single-tensor collectives take.
@@ -165,6 +174,13 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
     return vt_->device_queue != nullptr ? vt_->device_queue(obj_) : ddp::device_queue{};
   }
 
+  /// True if the referenced communicator compares its ranks' layouts itself (`layout_adopting_communicator`).
+  [[nodiscard]] bool adopts_layout() const noexcept { return vt_->adopt_layout != nullptr; }
+  /// Hands the referenced communicator a layout fingerprint to compare (ask `adopts_layout()` first).
+  void adopt_layout(std::uint64_t fingerprint) const {
+    if (vt_->adopt_layout != nullptr) vt_->adopt_layout(obj_, fingerprint);
+  }
+
   /// Identity of the referenced object (two refs to the same communicator compare equal).
   friend bool operator==(const communicator_ref& a, const communicator_ref& b) noexcept { return a.obj_ == b.obj_; }
 
@@ -182,6 +198,7 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
     bool (*has_premul_sum)(const void*);                              // null: as premul_sum says
     bool (*stages_input)(const void*);                                // null: never stages
     ddp::device_queue (*device_queue)(const void*);                   // null: host collectives only
+    void (*adopt_layout)(void*, std::uint64_t);                       // null: compares no layouts
   };
 
   template <class C>
@@ -221,6 +238,15 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
   }
 
   template <class C>
+  static constexpr auto adopt_layout_entry() -> void (*)(void*, std::uint64_t) {
+    if constexpr (layout_adopting_communicator<C>) {
+      return [](void* o, std::uint64_t fp) { static_cast<C*>(o)->adopt_layout(fp); };
+    } else {
+      return nullptr;
+    }
+  }
+
+  template <class C>
   static constexpr vtable table_for = {
       [](const void* o) { return static_cast<const C*>(o)->rank(); },
       [](const void* o) { return static_cast<const C*>(o)->size(); },
@@ -234,6 +260,7 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
       has_premul_sum_entry<C>(),
       stages_input_entry<C>(),
       device_queue_entry<C>(),
+      adopt_layout_entry<C>(),
   };
 
   void* obj_;

@@ -32,6 +32,7 @@
 
 #include <ddp/any_communicator.hpp>
 #include <ddp/average.hpp>
+#include <ddp/bucket_layout.hpp>
 #include <ddp/comm_hook.hpp>
 #include <ddp/communicator.hpp>
 #include <ddp/detail/describe_exception.hpp>
@@ -176,14 +177,30 @@ class Manager {
   [[nodiscard]] ddp::comm_hook comm_hook() {
     return [this](grad_bucket& b) -> work {
       const tensor_view data = b.data;
-      if (!participating() && data.count) std::memset(data.data, 0, data.bytes());
+      if (!participating() && data.count) detail::zero_bucket(data, device_queue(), rank_);
       return allreduce_average(*this, data, std::max(participants_, 1), average_input::raw, "Manager comm hook");
     };
   }
 
-  /// Optional: a fingerprint of the gradient layout (e.g. `Bucketer::layout_fingerprint()`) that
-  /// every member must share; a replica that differs is named when the quorum forms.
+  /// A fingerprint of the gradient layout that every member must share; a replica that differs is
+  /// named when the quorum forms. A Bucketer built over the Manager hands it its own
+  /// (`layout_adopting_communicator`); `set_layout_fingerprint` is the same for other layouts.
+  void adopt_layout(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
+  /// @copydoc adopt_layout
   void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
+  /// Builds `grads`, a Bucketer over this Manager, which hands the Manager its layout fingerprint;
+  /// refuses, at compile time, a layout policy that rebuilds (the layout is compared at every quorum).
+  template <class Grads>
+  requires requires(Grads& g) {
+    typename Grads::policy_type;
+    g.build();
+  }
+  void attach(Grads& grads) {
+    static_assert(!rebuilding_policy<typename Grads::policy_type>,
+                  "Manager::attach: the Manager compares the gradient layout at every quorum, so it needs a layout "
+                  "that never changes; this Bucketer's policy rebuilds it (use bucketing::fixed or size_capped)");
+    grads.build();
+  }
   /// Called for every event (quorum changes, healing, discarded steps).
   void on_event(std::function<void(const manager_event&)> fn) { on_event_ = std::move(fn); }
   /// Records quorum formation, healing, commit votes and events in `rec` (track `manager`;
@@ -232,11 +249,14 @@ class Manager {
   /// True if the current quorum's communicator stages its inputs (`staging_communicator`): read
   /// once by a Bucketer at build(), to hand it the gradients directly.
   [[nodiscard]] bool stages_input() const { return comm_.stages_input(); }
-  /// The current quorum's device queue (`device_communicator`): its runtime, stream and device;
-  /// an empty queue (null runtime) between quorums or over a host communicator. It changes with
-  /// every quorum (each has its own communicator and stream): a component that reads it once
-  /// (a Bucketer, at construction) sees only the queue of that moment.
-  [[nodiscard]] ddp::device_queue device_queue() const { return comm_ ? comm_.device_queue() : ddp::device_queue{}; }
+  /// Where this replica's collectives run (`device_communicator`): `manager_options::device_queue`
+  /// when set, at all times (every quorum's communicator runs on it; a Bucketer reads it once, at
+  /// construction). Otherwise the current quorum's queue: empty (null runtime) between quorums or
+  /// over a host communicator, and a new stream with each quorum.
+  [[nodiscard]] ddp::device_queue device_queue() const {
+    if (opts_.device_queue.runtime != nullptr) return opts_.device_queue;
+    return comm_ ? comm_.device_queue() : ddp::device_queue{};
+  }
   /// The step's deadline counts again from now (`step_timeout`): for a step whose collectives come
   /// after a long phase of local work, as DiLoCo's outer exchange after its inner steps.
   void restart_deadline() { errors_.start_clock(opts_.step_timeout); }
@@ -433,6 +453,7 @@ class Manager {
     q.step_timeout = opts_.step_timeout;
     comm_ = factory_(q);
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
+    detail::check_device_queue(opts_.device_queue, comm_, rank_, generation_);
     exchange_and_heal(deadline);
     // The communicators' keys of older generations are garbage now (gloo keys are write-once
     // anyway). Member lists, "formed" records and decision counters stay: they are small, and

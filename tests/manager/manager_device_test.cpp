@@ -1,7 +1,8 @@
 // The Manager over a device communicator (the emulated one, over each quorum's local-thread
 // communicator): training state in device memory is healed from peers, bit-identical, and the
 // state hash reads it back through the communicator's device queue. The same path the NCCL
-// factory (ddp/nccl/manager_factory.hpp) takes on GPUs.
+// factory (ddp/nccl/manager_factory.hpp) takes on GPUs. Also: the replica's device queue
+// (manager_options::device_queue) and a Bucketer over the Manager handing it its layout.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -14,6 +15,9 @@
 
 #include <catch2/catch.hpp>
 #include <ddp/any_communicator.hpp>
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
+#include <ddp/bucketing/rebuild_once.hpp>
 #include <ddp/testing/emulated.hpp>
 #include <ddp/local.hpp>
 #include <ddp/manager.hpp>
@@ -227,4 +231,79 @@ TEST_CASE("Manager: device state over a host communicator is a usage_error namin
   }
   CHECK(std::chrono::steady_clock::now() - start < 10s);  // not retried until the quorum timeout
   CHECK(m.device_queue().runtime == nullptr);
+}
+
+TEST_CASE("Manager: a quorum's communicator off the replica's device queue is a usage_error naming both",
+          "[local][manager][device]") {
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric;
+  ddp::emulated_device::runtime rt(0);
+  const ddp::device_stream replica = rt.create_stream(ddp::device::cuda(0));
+  ddp::training_state state;
+  std::vector<double> host(4, 1.0);
+  state.add(host);
+  ddp::manager_options opts;
+  opts.replica_id = "solo";
+  opts.quorum_timeout = 20s;
+  opts.settle = 10ms;
+  opts.device_queue = {&rt, replica, ddp::device::cuda(0)};
+  ddp::Manager m(
+      store,
+      [&](const ddp::quorum_info& q) {  // a stream of its own, not the replica's
+        return ddp::any_communicator(
+            device_comm(fabric.connect("g" + std::to_string(q.generation), q.rank, q.size), rt));
+      },
+      state, opts);
+  CHECK(m.device_queue().stream == replica);  // before any quorum: a Bucketer can be built on it
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    m.start_quorum();
+    FAIL("no error");
+  } catch (const ddp::usage_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("manager_options::device_queue") != std::string::npos);
+    CHECK(what.find("another stream") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // not retried until the quorum timeout
+  rt.destroy_stream(replica);
+}
+
+TEST_CASE(
+    "Bucketer over a Manager: built before the first quorum with the default options, it hands the Manager "
+    "its layout; a rebuilding layout is refused",
+    "[local][manager][device]") {
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric;
+  std::vector<double> p(dim, 1.0), g(dim, 0.5), p2(3, 1.0), g2(3, 0.5);
+  ddp::training_state state;
+  state.add(p);
+  ddp::manager_options opts = replica_test::scenario_options();
+  opts.min_replicas = 1;
+  opts.replica_id = "solo";
+  ddp::Manager m(
+      store,
+      [&](const ddp::quorum_info& q) {
+        return ddp::any_communicator(fabric.connect("g" + std::to_string(q.generation), q.rank, q.size));
+      },
+      state, opts);
+  {
+    ddp::Bucketer<ddp::bucketing::rebuild_once> rebuilding(m);
+    rebuilding.add(p2, g2);
+    try {
+      rebuilding.build();
+      FAIL("no error");
+    } catch (const ddp::usage_error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("rebuilds the layout") != std::string::npos);
+    }
+  }
+  ddp::Bucketer<ddp::bucketing::fixed> grads(m);  // check_layout: true, yet no collective before a quorum
+  grads.add(p, g);
+  m.attach(grads);
+  m.start_quorum();
+  grads.mark_ready(0);
+  grads.finalize();
+  CHECK(m.should_commit());
+  CHECK(g[0] == 0.5);  // one member: its own gradient
 }

@@ -82,7 +82,16 @@ class bucketer_engine : protected bucketer_buckets {
               comm_.stages_input();
     install_layout(std::move(l), false);
     notified_divisor_ = notified;
-    if (opts_.check_layout) {
+    if (comm_.adopts_layout()) {  // a Manager: it compares layouts at every quorum, which needs a fixed one
+      if (rebuilds_) {
+        throw usage_error(comm_.rank(), "Bucketer::build",
+                          "its communicator (a Manager or GroupManager) compares the gradient layout at every "
+                          "quorum, and this Bucketer's layout policy rebuilds the layout once it has seen the "
+                          "gradients' ready order: use a layout policy that never rebuilds (bucketing::fixed, "
+                          "bucketing::size_capped)");
+      }
+      comm_.adopt_layout(fingerprint_);
+    } else if (opts_.check_layout) {
       std::vector<layout_row> rows;
       rows.reserve(entries_.size());
       for (const auto& e : entries_) rows.push_back({e.gradient.count, e.gradient.type, e.bucket});

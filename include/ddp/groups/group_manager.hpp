@@ -179,11 +179,13 @@ class GroupManager {
     }
   }
 
-  /// Optional: the gradient layout's fingerprint, as `Manager::set_layout_fingerprint` (the
-  /// leader's is exchanged).
-  void set_layout_fingerprint(std::uint64_t fp) {
+  /// The gradient layout's fingerprint, as `Manager::adopt_layout` (the leader's is exchanged); a
+  /// Bucketer built over the GroupManager hands it its own.
+  void adopt_layout(std::uint64_t fp) {
     if (leader_) leader_->set_layout_fingerprint(fp);
   }
+  /// @copydoc adopt_layout
+  void set_layout_fingerprint(std::uint64_t fp) { adopt_layout(fp); }
   /// The leader's Manager events (quorum changes, heals, discarded steps); none on followers.
   void on_event(std::function<void(const manager_event&)> fn) {
     if (leader_) leader_->on_event(std::move(fn));

@@ -73,6 +73,30 @@ inline void check_state_placement(std::span<const tensor_view> ts, const any_com
                                   "to heal and hash it with: build a device communicator, or register host tensors");
 }
 
+/// A replica with a device queue (`manager_options::device_queue`) needs each quorum's
+/// communicator on that stream and device: its Bucketer's device buckets and events live there.
+/// @throws state_placement_error naming both queues, if the communicator runs elsewhere
+inline void check_device_queue(const device_queue& replica, const any_communicator& comm, int rank,
+                               std::uint64_t generation) {
+  if (replica.runtime == nullptr) return;
+  const device_queue built = comm.device_queue();
+  if (built.runtime != nullptr && built.stream == replica.stream && built.where == replica.where &&
+      built.runtime->name() == replica.runtime->name()) {
+    return;
+  }
+  const std::string got =
+      built.runtime == nullptr
+          ? std::string("has no device queue (host collectives)")
+          : "runs on " + std::string(built.runtime->name()) + " " + built.where.str() +
+                (built.stream == replica.stream ? std::string(", the same stream") : std::string(", another stream"));
+  throw state_placement_error(rank, "Manager quorum " + std::to_string(generation),
+                              "manager_options::device_queue names a stream of " +
+                                  std::string(replica.runtime->name()) + " on " + replica.where.str() +
+                                  ", but the communicator the factory built " + got +
+                                  ": build each quorum's communicator on the replica's stream (nccl: "
+                                  "manager_factory(replica_stream, ...); the emulated device: options::stream)");
+}
+
 /// XXH64 (xxHash's 64-bit hash, from the xxHash library: <xxhash.h>, header-only) of `bytes`,
 /// from `seed`. The state hash's function: FNV-1a (detail/fnv1a.hpp) is one dependent multiply
 /// per byte, under 1 GB/s, slower than the transfer it checks; XXH64 takes 32 bytes a round in

@@ -70,6 +70,13 @@ struct manager_options {
   /// Reports long operations: healing (bytes, rate, time left) and quorum rendezvous (who has
   /// not arrived). Default: lines on stderr from rank 0 for operations over 2 s (progress.hpp).
   progress_sink progress = print_progress();
+  /// A replica that trains on a device: the runtime, stream and device on which every quorum's
+  /// communicator runs its collectives (the factory builds each one on this stream; the runtime
+  /// and stream outlive the Manager). The Manager's `device_queue()` is then this queue at all
+  /// times, so a Bucketer built over the Manager before the first quorum keeps its device buckets
+  /// on it across quorums (docs/fault-tolerance.md, "On GPUs"). Empty (null runtime): host gradients,
+  /// or a device queue that changes with each quorum's communicator.
+  ddp::device_queue device_queue{};
   /// The clock the protocol's deadlines, heartbeats and polling follow (null: the machine's). The
   /// deterministic simulation passes its virtual clock (time_source.hpp); it must outlive the Manager.
   time_source* time = nullptr;

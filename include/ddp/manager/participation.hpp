@@ -7,7 +7,13 @@
 /// answer. Not for users: the rule is in docs/fault-tolerance.md, "Hot spares".
 
 #include <cstddef>
+#include <cstring>
+#include <string>
 #include <vector>
+
+#include <ddp/device_runtime.hpp>
+#include <ddp/error.hpp>
+#include <ddp/tensor.hpp>
 
 namespace ddp::detail {
 
@@ -43,6 +49,21 @@ struct participation {
     if (chosen[r]) p.slot[r] = p.participants++;
   }
   return p;
+}
+
+/// A spare's bucket (it contributes zeros): a memset on the host, or zeros enqueued on the
+/// replica's device queue, where stream order keeps them before the collective that reads them.
+/// @throws usage_error for a device bucket without a device queue
+inline void zero_bucket(const tensor_view& data, const device_queue& q, int rank) {
+  if (data.where.is_host()) {
+    std::memset(data.data, 0, data.bytes());
+    return;
+  }
+  if (q.runtime == nullptr) {
+    throw usage_error(rank, "Manager comm hook",
+                      "a bucket on " + data.where.str() + ", but the Manager has no device queue to zero it on");
+  }
+  q.runtime->zero(data.data, data.bytes(), q.stream);
 }
 
 }  // namespace ddp::detail

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,12 @@ struct options {
   /// communicator is aborted before `wait()` throws `timeout_error` (as the NCCL backend does: a
   /// collective whose peer never arrives would otherwise stay on the stream).
   std::chrono::milliseconds timeout = default_timeout;
+  /// A stream of the runtime (owned by the caller) to run on instead of a stream of its own, as
+  /// NCCL's `options::stream`: several communicators in turn on one stream (a Manager's quorums,
+  /// `manager_options::device_queue`). Then an abort, or the destruction, drops this communicator's
+  /// collectives still pending on the stream (their works fail) and the stream goes on, as after
+  /// `ncclCommAbort`; with a stream of its own, the stream fails instead.
+  std::optional<device_stream> stream{};
 };
 
 namespace detail {
@@ -59,6 +66,8 @@ struct comm_state {
   int size;
   options opts;
   std::atomic<bool> aborted{false};
+  bool owns_stream = true;
+  std::atomic<bool> closed{false};  // destroyed: its steps still on a shared stream are dropped
 
   // Aborts the host communicator, never while a step is issuing or testing one of its collectives.
   void abort() noexcept {
@@ -75,13 +84,18 @@ struct comm_state {
 /// the communicator's stream completed ("completed on the device"); rethrows the stream's error.
 class device_work final : public work_state {
  public:
-  device_work(op_info info, std::shared_ptr<comm_state> state, device_event done)
-      : work_state(info), state_(std::move(state)), done_(done) {}
+  device_work(op_info info, std::shared_ptr<comm_state> state, device_event done,
+              std::shared_ptr<std::exception_ptr> dropped)
+      : work_state(info), state_(std::move(state)), done_(done), dropped_(std::move(dropped)) {}
   ~device_work() override { state_->rt->destroy_event(done_); }
   device_work(const device_work&) = delete;
   device_work& operator=(const device_work&) = delete;
 
-  bool poll() override { return state_->rt->query(done_); }
+  bool poll() override {
+    if (!state_->rt->query(done_)) return false;
+    if (*dropped_) std::rethrow_exception(*dropped_);  // on a shared stream: failed, the stream went on
+    return true;
+  }
 
   /// On the deadline the communicator is aborted (see `options::timeout`).
   bool wait_until(clock::time_point deadline) override {
@@ -96,6 +110,7 @@ class device_work final : public work_state {
  private:
   std::shared_ptr<comm_state> state_;
   device_event done_;
+  std::shared_ptr<std::exception_ptr> dropped_;
 };
 
 /// `v`, tagged as the host memory it is.
@@ -145,7 +160,12 @@ class communicator : public single_tensor_calls<communicator> {
       throw usage_error(s_->rank, "emulated_device::communicator",
                         "device ordinal " + std::to_string(device_ordinal) + " is negative");
     }
-    s_->stream = rt.create_stream(s_->where);
+    if (opts.stream) {
+      s_->stream = *opts.stream;
+      s_->owns_stream = false;
+    } else {
+      s_->stream = rt.create_stream(s_->where);
+    }
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -157,6 +177,14 @@ class communicator : public single_tensor_calls<communicator> {
   /// communication_error; their host collectives are abandoned) and destroys the stream.
   ~communicator() {
     if (!s_) return;
+    if (!s_->owns_stream) {  // the caller's stream goes on; this communicator's steps on it are dropped
+      try {
+        s_->rt->exclusive([this] { s_->closed = true; });
+      } catch (...) {
+        s_->closed = true;
+      }
+      return;
+    }
     try {
       s_->rt->fail_stream(s_->stream, std::make_exception_ptr(communication_error(
                                           s_->rank, "emulated_device::communicator",
@@ -307,21 +335,34 @@ class communicator : public single_tensor_calls<communicator> {
       bool issued = false;
     };
     auto p = std::make_shared<pending>();
-    s_->rt->enqueue(s_->stream, [s = s_, p, info, issue = std::move(issue)]() -> bool {
-      if (!p->issued) {
-        if (s->aborted.load()) {
-          throw communication_error(info.rank, info.describe(),
-                                    "the communicator was aborted before this collective ran on its stream");
+    // On a shared stream (options::stream) a failure is this collective's alone: it is kept here
+    // for its work, and the stream goes on; on the communicator's own stream it fails the stream.
+    auto dropped = std::make_shared<std::exception_ptr>();
+    s_->rt->enqueue(s_->stream, [s = s_, p, dropped, info, issue = std::move(issue)]() -> bool {
+      try {
+        if (!p->issued) {
+          if (s->aborted.load() || s->closed.load()) {
+            throw communication_error(info.rank, info.describe(),
+                                      "the communicator was aborted before this collective ran on its stream");
+          }
+          p->issued = true;
+          p->inner = issue(s->inner);
         }
-        p->issued = true;
-        p->inner = issue(s->inner);
+        if (s->closed.load()) {
+          throw communication_error(info.rank, info.describe(),
+                                    "the communicator was destroyed with this collective pending on its stream");
+        }
+        return p->inner.test();
+      } catch (...) {
+        if (s->owns_stream) throw;
+        *dropped = std::current_exception();
+        return true;
       }
-      return p->inner.test();
     });
     ++seq_;
     const device_event done = s_->rt->create_event(s_->where);
     s_->rt->record(done, s_->stream);
-    return work(std::make_unique<detail::device_work>(info, s_, done));
+    return work(std::make_unique<detail::device_work>(info, s_, done, std::move(dropped)));
   }
 
   template <class Issue>
