@@ -182,6 +182,18 @@ class Manager {
     };
   }
 
+  /// Before the first quorum: this replica's state is that of committed step `step` (a checkpoint,
+  /// checkpoint.hpp). In a fresh store the member with the highest step starts the job; in a live
+  /// one, the holders' state wins and this replica heals as any other.
+  /// @throws usage_error after a quorum formed, or for a negative step
+  void resume(std::int64_t step) {
+    if (comm_ || formed_ != 0 || step < 0) {
+      throw usage_error(rank_, "Manager::resume",
+                        step < 0 ? "negative step " + std::to_string(step) : "called after a quorum formed");
+    }
+    step_ = step;
+    (void)detail::raise_step_limit(store_, step);  // no quorum of a fresh store committed beyond 0 yet
+  }
   /// A fingerprint of the gradient layout that every member must share; a replica that differs is
   /// named when the quorum forms. A Bucketer built over the Manager hands it its own
   /// (`layout_adopting_communicator`); `set_layout_fingerprint` is the same for other layouts.

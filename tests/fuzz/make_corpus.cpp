@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include <ddp/checkpoint/format.hpp>
 #include <ddp/manager/exchange.hpp>
 #include <ddp/manager/record.hpp>
 #include <ddp/shm/layout.hpp>
@@ -309,6 +310,22 @@ int main(int argc, char** argv) {
   write("manager_heal", "sliced-small-chunk", heal({{0, 100}, {3, 7}}, 24, 1, 42));
   write("manager_heal", "empty-tensors", heal({{0, 0}, {2, 5}, {4, 0}}, 16, 0, 42));
   write("manager_heal", "wrong-step", heal({{1, 9}}, 8, 3, 41));
+
+  // checkpoint: whole files as checkpoint_dir::save writes them.
+  const auto checkpoint = [](std::int64_t step, std::vector<ddp::detail::checkpoint_format::tensor_entry> ts,
+                             std::vector<std::int64_t> scalars) {
+    namespace f = ddp::detail::checkpoint_format;
+    std::vector<std::byte> b = f::encode_header(step, ts, scalars);
+    for (const auto& t : ts) {
+      for (std::size_t i = 0; i < t.count * ddp::size_of(t.type); ++i) b.push_back(static_cast<std::byte>(i * 7));
+    }
+    const std::uint64_t sum = f::checksum(b);
+    f::put(b, sum);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  write("checkpoint", "two-tensors", checkpoint(15, {{ddp::dtype::f64, 5}, {ddp::dtype::f32, 3}}, {7, -1}));
+  write("checkpoint", "empty-state", checkpoint(0, {}, {}));
+  write("checkpoint", "zero-count", checkpoint(3, {{ddp::dtype::bf16, 0}, {ddp::dtype::i64, 2}}, {}));
 
   // redis_reply: server byte streams.
   write("redis_reply", "get-nil", "$-1\r\n");

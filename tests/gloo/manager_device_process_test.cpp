@@ -67,7 +67,8 @@ static_assert(ddp::device_communicator<device_comm>);
 // One replica's parameters, momentum and gradient: host vectors, or device memory of `rt`.
 class replica_memory {
  public:
-  replica_memory(ddp::emulated_device::runtime* rt, const std::string& id) : rt_(rt), host_(3, std::vector<double>(dim)) {
+  replica_memory(ddp::emulated_device::runtime* rt, const std::string& id)
+      : rt_(rt), host_(3, std::vector<double>(dim)) {
     for (std::size_t k = 0; k < dim; ++k) {  // a different start per replica: the first quorum heals
       host_[0][k] = static_cast<double>(std::hash<std::string>{}(id) % 13) + 0.1 * static_cast<double>(k);
       host_[1][k] = host_[2][k] = 0.0;
@@ -191,7 +192,8 @@ void train(const std::filesystem::path& dir, const replica_plan& plan, std::int6
     double* p = mem.data(0);
     double* g = mem.data(2);
     const auto gradient = [p, g, s] {
-      for (std::size_t k = 0; k < dim; ++k) g[k] = p[k] - std::sin(0.3 * static_cast<double>(s) + static_cast<double>(k));
+      for (std::size_t k = 0; k < dim; ++k)
+        g[k] = p[k] - std::sin(0.3 * static_cast<double>(s) + static_cast<double>(k));
     };
     const std::size_t before = syncs();
     if (rt) {
@@ -232,18 +234,18 @@ void train(const std::filesystem::path& dir, const replica_plan& plan, std::int6
 
 }  // namespace
 
-TEST_CASE("Manager with device gradients over gloo processes: a device replica SIGKILLed mid-step, restarted, "
-          "heals bit-identical to the host replica",
-          "[manager][device]") {
+TEST_CASE(
+    "Manager with device gradients over gloo processes: a device replica SIGKILLed mid-step, restarted, "
+    "heals bit-identical to the host replica",
+    "[manager][device]") {
   temp_dir dir("manager-device");
   constexpr std::int64_t last = 30;
   const std::vector<replica_plan> plans{{.id = "h"},
                                         {.id = "d1", .on_device = true},
                                         {.id = "d2", .on_device = true, .kill_at = 8},
                                         {.id = "d2", .on_device = true, .start_after = 12}};
-  gloo_test::process_group group(4, [&](int rank, const gloo_test::reporter&) {
-    train(dir.path(), plans[static_cast<std::size_t>(rank)], last);
-  });
+  gloo_test::process_group group(
+      4, [&](int rank, const gloo_test::reporter&) { train(dir.path(), plans[static_cast<std::size_t>(rank)], last); });
   const auto outs = group.wait_all(90s);
   INFO(gloo_test::describe_all(outs));
   CHECK((!outs[2].exited && outs[2].signal == SIGKILL));

@@ -160,12 +160,16 @@ struct heal_plan {
   return out;
 }
 
-/// Before any step committed, any member's state may start the job: the first member's that is
-/// not part-way through a heal (its state is its own), else rank 0's.
+/// Before any step committed, any member's state may start the job: of the members not part-way
+/// through a heal (their state is their own), the first at the highest step (a job resumed from
+/// checkpoints: `Manager::resume`), else rank 0's.
 [[nodiscard]] inline heal_plan first_heal_plan(std::span<const std::int64_t> all) {
   const std::size_t n = all.size() / member_report::words;
-  std::size_t first = 0;
-  while (first < n && all[first * member_report::words + 4] != 0) ++first;
+  std::size_t first = n;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::int64_t* w = all.data() + r * member_report::words;
+    if (w[4] == 0 && (first == n || w[0] > all[first * member_report::words])) first = r;
+  }
   if (first == n) first = 0;
   heal_plan plan;
   plan.sources.push_back(static_cast<int>(first));
