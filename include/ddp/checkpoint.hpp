@@ -44,8 +44,8 @@ namespace ddp {
 
 /// What `checkpoint_dir::load_latest` found.
 struct loaded_checkpoint {
-  std::int64_t step = 0;          ///< the step the state is at
-  std::filesystem::path file;     ///< the checkpoint loaded
+  std::int64_t step = 0;             ///< the step the state is at
+  std::filesystem::path file;        ///< the checkpoint loaded
   std::vector<std::string> skipped;  ///< newer files refused, each "<file> <why>"
 };
 
@@ -146,7 +146,9 @@ class checkpoint_dir {
       const std::string name = e.path().filename().string();
       if (name.rfind("step-", 0) != 0 || e.path().extension() != ".ddpckpt") continue;
       const std::string digits = name.substr(5, name.size() - 5 - 8);
-      if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char d) { return d >= '0' && d <= '9'; })) continue;
+      if (digits.empty() || digits.size() > 18 ||
+          !std::all_of(digits.begin(), digits.end(), [](char d) { return d >= '0' && d <= '9'; }))
+        continue;
       out.emplace_back(std::stoll(digits), e.path());
     }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });

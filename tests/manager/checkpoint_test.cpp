@@ -20,7 +20,8 @@ namespace {
 
 struct temp_dir {
   fs::path path;
-  temp_dir() : path(fs::temp_directory_path() / ("ddp-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(next()))) {
+  temp_dir()
+      : path(fs::temp_directory_path() / ("ddp-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(next()))) {
     fs::remove_all(path);
   }
   ~temp_dir() { fs::remove_all(path); }
@@ -160,7 +161,8 @@ TEST_CASE("checkpoint_dir: only the newest `keep` checkpoints stay", "[local][ch
   CHECK(all[1].first == 15);
 }
 
-TEST_CASE("checkpoint_dir: device tensors are saved and loaded through the device queue", "[local][checkpoint][device]") {
+TEST_CASE("checkpoint_dir: device tensors are saved and loaded through the device queue",
+          "[local][checkpoint][device]") {
   temp_dir d;
   ddp::checkpoint_dir ckpt(d.path);
   ddp::emulated_device::runtime rt(0);
