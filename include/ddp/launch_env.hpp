@@ -19,10 +19,10 @@ namespace ddp {
 
 /// What a launcher told this process.
 struct launch_env {
-  int rank = 0;        ///< in the job (Slurm: SLURM_PROCID)
-  int size = 1;        ///< processes in the job (Slurm: SLURM_NTASKS)
-  int local_rank = 0;  ///< on this node (Slurm: SLURM_LOCALID): pick the GPU, the core set
-  int local_size = 1;  ///< processes on this node (Slurm: SLURM_NTASKS_PER_NODE's, when uniform)
+  int rank = 0;          ///< in the job (Slurm: SLURM_PROCID)
+  int size = 1;          ///< processes in the job (Slurm: SLURM_NTASKS)
+  int local_rank = 0;    ///< on this node (Slurm: SLURM_LOCALID): pick the GPU, the core set
+  int local_size = 1;    ///< processes on this node (Slurm: SLURM_NTASKS_PER_NODE's, when uniform)
   std::string launcher;  ///< "slurm", "openmpi", "torchrun", "ddp-supervise"
   std::string job_id;    ///< a name for the job's store keys: SLURM_JOB_ID[.step], "" if none
 
@@ -32,8 +32,8 @@ struct launch_env {
   /// (std::getenv; tests pass their own).
   /// @throws usage_error naming the variable when a value is not a number, or a rank is not
   ///   below its size
-  [[nodiscard]] static std::optional<launch_env> detect(
-      const std::function<const char*(const char*)>& get = [](const char* n) { return std::getenv(n); }) {
+  [[nodiscard]] static std::optional<launch_env> detect(const std::function<const char*(const char*)>& get =
+                                                            [](const char* n) { return std::getenv(n); }) {
     const auto has = [&](const char* n) { return get(n) != nullptr && *get(n) != '\0'; };
     launch_env e;
     if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
@@ -43,7 +43,8 @@ struct launch_env {
       e.local_rank = has("SLURM_LOCALID") ? number(get, "SLURM_LOCALID") : 0;
       e.local_size = has("SLURM_NTASKS_PER_NODE") ? uniform_count(get, "SLURM_NTASKS_PER_NODE") : 1;
       if (has("SLURM_JOB_ID")) {
-        e.job_id = std::string(get("SLURM_JOB_ID")) + (has("SLURM_STEP_ID") ? "." + std::string(get("SLURM_STEP_ID")) : "");
+        e.job_id =
+            std::string(get("SLURM_JOB_ID")) + (has("SLURM_STEP_ID") ? "." + std::string(get("SLURM_STEP_ID")) : "");
       }
     } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
       e.launcher = "openmpi";
@@ -111,8 +112,8 @@ struct launch_env {
   static void check(int rank, int size, const std::string& launcher, const char* r, const char* s) {
     if (size < 1 || rank >= size) {
       throw usage_error(-1, "launch_env::detect",
-                        launcher + " says " + r + " " + std::to_string(rank) + " of " + s + " " +
-                            std::to_string(size) + ": the " + r + " must be below the " + s);
+                        launcher + " says " + r + " " + std::to_string(rank) + " of " + s + " " + std::to_string(size) +
+                            ": the " + r + " must be below the " + s);
     }
   }
 };

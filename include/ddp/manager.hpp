@@ -168,12 +168,9 @@ class Manager {
     return false;
   }
 
-  /// Comm hook for a Bucketer over this Manager: averages over the participants of the step
-  /// (a healing non-participant contributes zeros), by ddp's one averaging rule
-  /// (`allreduce_average`). Needed only with `healed_replicas_participate = false`: otherwise
-  /// every member participates, and a Bucketer's default averaging (by the communicator's size,
-  /// i.e. the quorum's, read at the start of each iteration) gives the same bits and is cheaper
-  /// (it divides during the copy into the bucket).
+  /// Comm hook for a Bucketer over this Manager: averages over the step's participants (a spare or
+  /// a healed non-participant contributes zeros) by ddp's one rule (`allreduce_average`). Needed
+  /// only with spares or `healed_replicas_participate = false`; otherwise the default is cheaper.
   [[nodiscard]] ddp::comm_hook comm_hook() {
     return [this](grad_bucket& b) -> work {
       const tensor_view data = b.data;
@@ -194,9 +191,8 @@ class Manager {
     step_ = step;
     (void)detail::raise_step_limit(store_, step);  // no quorum of a fresh store committed beyond 0 yet
   }
-  /// A fingerprint of the gradient layout that every member must share; a replica that differs is
-  /// named when the quorum forms. A Bucketer built over the Manager hands it its own
-  /// (`layout_adopting_communicator`); `set_layout_fingerprint` is the same for other layouts.
+  /// The gradient layout's fingerprint, which every member must share (a replica that differs is
+  /// named when the quorum forms); a Bucketer built over the Manager hands it its own.
   void adopt_layout(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
   /// @copydoc adopt_layout
   void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }

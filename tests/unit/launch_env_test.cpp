@@ -59,7 +59,10 @@ TEST_CASE("launch_env: Open MPI, torchrun, ddp-supervise, none", "[unit][launch]
   REQUIRE(e);
   CHECK(e->launcher == "openmpi");
   CHECK((e->rank == 2 && e->size == 3 && e->local_rank == 0 && e->local_size == 1));
-  e = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+  e = detect({{"RANK", "3"},
+              {"WORLD_SIZE", "4"},
+              {"LOCAL_RANK", "1"},
+              {"LOCAL_WORLD_SIZE", "2"},
               {"TORCHELASTIC_RUN_ID", "job7"}});
   REQUIRE(e);
   CHECK(e->launcher == "torchrun");
@@ -73,8 +76,9 @@ TEST_CASE("launch_env: Open MPI, torchrun, ddp-supervise, none", "[unit][launch]
 }
 
 TEST_CASE("launch_env: a value that is wrong is a usage_error naming the variable", "[unit][launch]") {
-  CHECK(error_of({{"SLURM_PROCID", "x1"}, {"SLURM_NTASKS", "2"}}).find("SLURM_PROCID='x1' is not a non-negative "
-                                                                         "integer") != std::string::npos);
+  CHECK(error_of({{"SLURM_PROCID", "x1"}, {"SLURM_NTASKS", "2"}})
+            .find("SLURM_PROCID='x1' is not a non-negative "
+                  "integer") != std::string::npos);
   CHECK(error_of({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}).find("RANK='-1'") != std::string::npos);
   CHECK(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}}).find("torchrun says rank 4 of size 4") != std::string::npos);
   CHECK(error_of({{"RANK", "99999999999"}, {"WORLD_SIZE", "4"}}).find("RANK=") != std::string::npos);
