@@ -5,7 +5,7 @@
 # ddp::eigen), their tests and examples; libtorch-dev is large (about 1 GiB with its dependencies).
 # ddp::ddp itself needs libssl-dev (OpenSSL's libcrypto 3: SHA-256 and HMAC-SHA256 of the peer
 # authentication, include/ddp/detail/hmac_sha256.hpp) and libxxhash-dev (xxhash.h, used header-only:
-# XXH64, the Manager's state hash, include/ddp/manager/heal.hpp).
+# XXH64, the Manager's state hash and the checkpoints' checksum, include/ddp/detail/xxh64.hpp).
 #
 # DDP_SKIP_PACKAGES="libtorch-dev libeigen3-dev" leaves those packages out (any of the optional ones:
 # libtorch-dev, libeigen3-dev, libgloo-dev, redis-server, libhiredis-dev, doxygen, clang,

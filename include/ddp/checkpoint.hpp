@@ -22,12 +22,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <system_error>
@@ -62,6 +64,7 @@ class checkpoint_dir {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw usage_error(rank_, "checkpoint_dir", "cannot create " + dir_.string() + ": " + ec.message());
+    remove_stale_temporaries();
   }
 
   /// The directory.
@@ -72,27 +75,35 @@ class checkpoint_dir {
   }
 
   /// Saves `state` as of `step` (temporary file, fsync, rename, fsync of the directory), then
-  /// removes all but the newest `keep` checkpoints. Device tensors are copied to the host on
-  /// `q` (a host synchronisation); their writes must be ordered before `q.stream`'s work.
-  /// @throws usage_error for a device tensor without a queue; error when the disk fails
+  /// removes the checkpoints of later steps (a lineage this job's resume left behind) and all but
+  /// the newest `keep` of the others; never the one just written. Device tensors are copied to the
+  /// host on `q` (one host synchronisation); their writes must be ordered before `q.stream`'s work.
+  /// @throws usage_error for a negative step or a device tensor without a queue; error when the
+  ///   disk fails
   template <transferable_state State>
   std::filesystem::path save(std::int64_t step, State& state, const device_queue& q = {}) {
+    if (step < 0) throw usage_error(rank_, "checkpoint_dir::save", "negative step " + std::to_string(step));
     const std::span<const tensor_view> ts = state.state_tensors();
+    check_placement(ts, q, "save");
     const std::span<std::int64_t> scalars = state.state_scalars();
     std::vector<detail::checkpoint_format::tensor_entry> entries;
     for (const tensor_view& t : ts) entries.push_back({t.type, t.count});
     std::vector<std::byte> bytes = detail::checkpoint_format::encode_header(step, entries, scalars);
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      const std::size_t at = bytes.size();
-      bytes.resize(at + ts[i].bytes());
-      copy_tensor(bytes.data() + at, ts[i].data, ts[i], q, i, "save");
-    }
-    if (q.runtime != nullptr) sync(q);
-    const std::uint64_t sum = detail::checkpoint_format::checksum(bytes);
-    detail::checkpoint_format::put(bytes, sum);
+    std::size_t at = bytes.size();
+    std::size_t total = at + 8;
+    for (const tensor_view& t : ts) total += t.bytes();
+    bytes.resize(total);  // once: copies still queued on a device stream write into it
+    copy_all(ts, q, [&](std::size_t i) {
+      const std::size_t here = at;
+      at += ts[i].bytes();
+      return copy_region{bytes.data() + here, ts[i].data, ts[i].bytes()};
+    });
+    const std::size_t body = total - 8;
+    const std::uint64_t sum = detail::checkpoint_format::checksum(std::span<const std::byte>(bytes).first(body));
+    std::memcpy(bytes.data() + body, &sum, sizeof(sum));
     const std::filesystem::path final_name = file_of(step);
     write_atomically(final_name, bytes);
-    prune();
+    prune(step);
     return final_name;
   }
 
@@ -103,6 +114,7 @@ class checkpoint_dir {
   ///   registers (another model: loading an older one would not help)
   template <transferable_state State>
   std::optional<loaded_checkpoint> load_latest(State& state, const device_queue& q = {}) {
+    check_placement(state.state_tensors(), q, "load_latest");  // before anything is read or written
     loaded_checkpoint out;
     for (const auto& [step, file] : list()) {
       std::vector<std::byte> bytes;
@@ -122,10 +134,9 @@ class checkpoint_dir {
       }
       check_matches(*c, state, file);
       const std::span<const tensor_view> ts = state.state_tensors();
-      for (std::size_t i = 0; i < ts.size(); ++i) {
-        copy_tensor(ts[i].data, bytes.data() + c->offsets[i], ts[i], q, i, "load");
-      }
-      if (q.runtime != nullptr) sync(q);
+      copy_all(ts, q, [&](std::size_t i) {
+        return copy_region{ts[i].data, bytes.data() + c->offsets[i], ts[i].bytes()};
+      });
       std::copy(c->scalars.begin(), c->scalars.end(), state.state_scalars().begin());
       out.step = c->step;
       out.file = file;
@@ -156,29 +167,44 @@ class checkpoint_dir {
   }
 
  private:
-  // One tensor between its memory and the file's bytes (`dst`/`src`): memcpy for host tensors,
-  // a copy on `q` for device ones.
-  void copy_tensor(void* dst, const void* src, const tensor_view& t, const device_queue& q, std::size_t i,
-                   const char* what) const {
-    if (t.where.is_host()) {
-      if (t.bytes()) std::memcpy(dst, src, t.bytes());
-      return;
-    }
-    if (q.runtime == nullptr) {
+  // Every device tensor needs a device queue to be copied on.
+  void check_placement(std::span<const tensor_view> ts, const device_queue& q, const char* what) const {
+    if (q.runtime != nullptr) return;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].where.is_host()) continue;
       throw usage_error(rank_, std::string("checkpoint_dir::") + what,
-                        "state tensor " + std::to_string(i) + " is on " + t.where.str() +
+                        "state tensor " + std::to_string(i) + " is on " + ts[i].where.str() +
                             ": pass the device queue to copy it on (e.g. the Manager's device_queue())");
     }
-    const copy_region r{dst, src, t.bytes()};
-    q.runtime->copy(std::span<const copy_region>(&r, 1), q.stream);
   }
 
-  static void sync(const device_queue& q) {
+  // Copies region(i) for every tensor i: memcpy for host tensors, one batch on `q` for device ones,
+  // then one synchronisation; also when a copy fails, so that nothing still queued outlives the
+  // memory it writes.
+  template <class Region>
+  static void copy_all(std::span<const tensor_view> ts, const device_queue& q, Region region) {
+    std::vector<copy_region> on_device;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      const copy_region r = region(i);
+      if (r.bytes == 0) continue;
+      if (ts[i].where.is_host()) {
+        std::memcpy(r.dst, r.src, r.bytes);
+      } else {
+        on_device.push_back(r);
+      }
+    }
+    if (on_device.empty()) return;
     const device_event e = q.runtime->create_event(q.where);
     try {
+      q.runtime->copy(on_device, q.stream);
       q.runtime->record(e, q.stream);
       q.runtime->synchronize(e);
     } catch (...) {
+      try {
+        q.runtime->record(e, q.stream);
+        q.runtime->synchronize(e);
+      } catch (...) {  // the stream failed: its copies were dropped with it
+      }
       q.runtime->destroy_event(e);
       throw;
     }
@@ -232,10 +258,13 @@ class checkpoint_dir {
 
   // Temporary file (this process's own name), fsync, rename over `target`, fsync of the directory.
   void write_atomically(const std::filesystem::path& target, std::span<const std::byte> bytes) const {
-    const std::filesystem::path tmp =
-        target.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++temp_counter_);
+    std::random_device random;  // unique across processes, containers and hosts sharing the directory
+    const std::filesystem::path tmp = target.string() + ".tmp." + std::to_string(random()) + std::to_string(random());
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) fail("open " + tmp.string());
+    if (fd < 0) {
+      const int e = errno;
+      fail("open " + tmp.string(), e);
+    }
     std::size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -267,23 +296,36 @@ class checkpoint_dir {
     }
   }
 
-  // Removes all but the newest `keep_` checkpoints (and nothing else).
-  void prune() const {
-    const auto all = list();
-    for (std::size_t i = static_cast<std::size_t>(keep_); i < all.size(); ++i) {
+  // Removes the checkpoints of steps after `saved` (a lineage the job left when it resumed from an
+  // older one: load_latest must not go back to it) and all but the newest `keep_` up to `saved`.
+  void prune(std::int64_t saved) const {
+    int kept = 0;
+    for (const auto& [step, file] : list()) {
       std::error_code ec;
-      std::filesystem::remove(all[i].second, ec);
+      if (step > saved || (step < saved && ++kept >= keep_)) std::filesystem::remove(file, ec);
     }
   }
 
-  [[noreturn]] void fail(const std::string& what, int e = errno) const {
+  // Temporary files of saves that did not finish (a writer killed mid-save), an hour old or more:
+  // a younger one may be another writer's, still being written.
+  void remove_stale_temporaries() const {
+    std::error_code ec;
+    const auto now = std::filesystem::file_time_type::clock::now();
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      if (e.path().filename().string().find(".ddpckpt.tmp.") == std::string::npos) continue;
+      std::error_code age;
+      const auto written = std::filesystem::last_write_time(e.path(), age);
+      if (!age && now - written > std::chrono::hours(1)) std::filesystem::remove(e.path(), age);
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what, int e) const {
     throw error(rank_, "checkpoint_dir::save", what + ": " + std::strerror(e));
   }
 
   std::filesystem::path dir_;
   int keep_;
   int rank_;
-  mutable std::uint64_t temp_counter_ = 0;
   std::vector<std::string> last_skipped_;
 };
 

@@ -180,22 +180,36 @@ class Manager {
   }
 
   /// Before the first quorum: this replica's state is that of committed step `step` (a checkpoint,
-  /// checkpoint.hpp). In a fresh store the member with the highest step starts the job; in a live
-  /// one, the holders' state wins and this replica heals as any other.
-  /// @throws usage_error after a quorum formed, or for a negative step
-  void resume(std::int64_t step) {
-    if (comm_ || formed_ != 0 || step < 0) {
-      throw usage_error(rank_, "Manager::resume",
-                        step < 0 ? "negative step " + std::to_string(step) : "called after a quorum formed");
+  /// checkpoint.hpp). Takes effect in a fresh store (true), where the first quorum's member with
+  /// the highest step starts the job; in a store where a quorum already formed it does nothing
+  /// (false): the job's state wins and this replica heals from it.
+  /// @throws usage_error after this replica's first quorum, or for a step outside [0, 2^62)
+  bool resume(std::int64_t step) {
+    if (comm_ || formed_ != 0 || step < 0 || step >= (std::int64_t{1} << 62)) {
+      throw usage_error(
+          rank_, "Manager::resume",
+          formed_ != 0 || comm_ ? "called after a quorum formed" : "step " + std::to_string(step) + " out of range");
     }
+    if (detail::latest_installed(store_, rank_).generation > 0) return false;
     step_ = step;
-    (void)detail::raise_step_limit(store_, step);  // no quorum of a fresh store committed beyond 0 yet
+    (void)detail::raise_step_limit(store_, step);  // a fresh store's limit would refuse the step
+    return true;
   }
   /// The gradient layout's fingerprint, which every member must share (a replica that differs is
   /// named when the quorum forms); a Bucketer built over the Manager hands it its own.
-  void adopt_layout(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
+  /// @throws usage_error for a new fingerprint after this replica's first quorum: its members
+  ///   compared the old one (build the Bucketer, or `attach` it, before the first `start_quorum()`)
+  void adopt_layout(std::uint64_t fp) {
+    if (fp != layout_fingerprint_ && (comm_ || formed_ != 0)) {
+      throw usage_error(rank_, "Manager::adopt_layout",
+                        "a gradient layout set after this replica's first quorum, whose members compared the one "
+                        "before: build the Bucketer over the Manager (m.attach(grads)) before the first "
+                        "start_quorum()");
+    }
+    layout_fingerprint_ = fp;
+  }
   /// @copydoc adopt_layout
-  void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
+  void set_layout_fingerprint(std::uint64_t fp) { adopt_layout(fp); }
   /// Builds `grads`, a Bucketer over this Manager, which hands the Manager its layout fingerprint;
   /// refuses, at compile time, a layout policy that rebuilds (the layout is compared at every quorum).
   template <class Grads>

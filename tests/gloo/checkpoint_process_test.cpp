@@ -5,7 +5,9 @@
 // uninterrupted job's; a replica that finds no checkpoint (the quorum's rank 0) heals from the
 // others; a truncated newest checkpoint is skipped for the one before.
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 

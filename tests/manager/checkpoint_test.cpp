@@ -150,6 +150,25 @@ TEST_CASE("checkpoint_dir: a checkpoint of another state layout is a usage_error
   }
 }
 
+TEST_CASE("checkpoint_dir: a save removes later steps' checkpoints (a lineage left behind), never its own",
+          "[local][checkpoint]") {
+  temp_dir d;
+  ddp::checkpoint_dir ckpt(d.path, 2);
+  model a(1.0);
+  for (std::int64_t s : {10, 15}) ckpt.save(s, a.state);
+  const fs::path five = ckpt.save(5, a.state);  // a job that resumed from step 5 (or from nothing)
+  CHECK(fs::exists(five));
+  const auto all = ckpt.list();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].first == 5);
+  try {
+    ckpt.save(-1, a.state);
+    FAIL("no error");
+  } catch (const ddp::usage_error& e) {
+    CHECK(std::string(e.what()).find("negative step -1") != std::string::npos);
+  }
+}
+
 TEST_CASE("checkpoint_dir: only the newest `keep` checkpoints stay", "[local][checkpoint]") {
   temp_dir d;
   ddp::checkpoint_dir ckpt(d.path, 2);
@@ -189,5 +208,47 @@ TEST_CASE("checkpoint_dir: device tensors are saved and loaded through the devic
   CHECK(got->step == 7);
   for (std::size_t k = 0; k < n; ++k) CHECK(dev[k] == 1.5f * static_cast<float>(k));
   rt.deallocate(dev, {});
+  rt.destroy_stream(stream);
+}
+
+TEST_CASE(
+    "checkpoint_dir: device and host tensors mixed: every byte saved and loaded, in order; a device tensor "
+    "without a queue stops a load before any byte is written",
+    "[local][checkpoint][device]") {
+  temp_dir d;
+  ddp::checkpoint_dir ckpt(d.path);
+  ddp::emulated_device::runtime rt(0);
+  const ddp::device gpu = ddp::device::cuda(0);
+  const ddp::device_stream stream = rt.create_stream(gpu);
+  const ddp::device_queue q{&rt, stream, gpu};
+  std::vector<std::size_t> sizes{1000, 3, 4097};
+  std::vector<double*> dev;
+  for (std::size_t n : sizes) dev.push_back(static_cast<double*>(rt.allocate(gpu, n * sizeof(double), {})));
+  std::vector<double> host(77);
+  ddp::training_state s;
+  s.add(ddp::tensor_view{dev[0], sizes[0], ddp::dtype::f64, gpu}).add(host);  // host after device
+  s.add(ddp::tensor_view{dev[1], sizes[1], ddp::dtype::f64, gpu});
+  s.add(ddp::tensor_view{dev[2], sizes[2], ddp::dtype::f64, gpu});
+  const auto fill = [&](double base) {
+    for (std::size_t t = 0; t < dev.size(); ++t) {
+      for (std::size_t k = 0; k < sizes[t]; ++k) dev[t][k] = base + static_cast<double>(t * 10000 + k);
+    }
+    for (std::size_t k = 0; k < host.size(); ++k) host[k] = -base - static_cast<double>(k);
+  };
+  fill(1.0);
+  ckpt.save(3, s, q);
+  fill(2.0);
+  model other(4.0);  // a host tensor first, then device ones: refused before any write
+  ddp::training_state mixed;
+  mixed.add(host).add(ddp::tensor_view{dev[1], sizes[1], ddp::dtype::f64, gpu});
+  CHECK_THROWS_AS(ckpt.load_latest(mixed), ddp::usage_error);
+  CHECK(host[5] == -7.0);  // untouched
+  const auto got = ckpt.load_latest(s, q);
+  REQUIRE(got);
+  for (std::size_t t = 0; t < dev.size(); ++t) {
+    for (std::size_t k = 0; k < sizes[t]; ++k) REQUIRE(dev[t][k] == 1.0 + static_cast<double>(t * 10000 + k));
+  }
+  for (std::size_t k = 0; k < host.size(); ++k) REQUIRE(host[k] == -1.0 - static_cast<double>(k));
+  for (double* p : dev) rt.deallocate(p, {});
   rt.destroy_stream(stream);
 }

@@ -307,3 +307,36 @@ TEST_CASE(
   CHECK(m.should_commit());
   CHECK(g[0] == 0.5);  // one member: its own gradient
 }
+
+TEST_CASE("Manager: a Bucketer built after the first quorum is a usage_error; resume in a live store does nothing",
+          "[local][manager][device]") {
+  ddp::stores::memory_store store;
+  ddp::local::fabric fabric;
+  std::vector<double> p(dim, 1.0), g(dim, 0.5);
+  ddp::training_state state;
+  state.add(p);
+  ddp::manager_options opts = replica_test::scenario_options();
+  opts.min_replicas = 1;
+  opts.replica_id = "first";
+  const auto factory = [&](const ddp::quorum_info& q) {
+    return ddp::any_communicator(fabric.connect("g" + std::to_string(q.generation), q.rank, q.size));
+  };
+  ddp::Manager m(store, factory, state, opts);
+  ddp::Bucketer<ddp::bucketing::fixed> grads(m);
+  grads.add(p, g);
+  m.start_quorum();  // not built yet: built lazily by mark_ready, too late
+  try {
+    grads.mark_ready(0);
+    FAIL("no error");
+  } catch (const ddp::usage_error& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("before the first start_quorum()") != std::string::npos);
+  }
+  std::vector<double> p2(dim, 2.0);
+  ddp::training_state state2;
+  state2.add(p2);
+  opts.replica_id = "second";
+  ddp::Manager late(store, factory, state2, opts);
+  CHECK_FALSE(late.resume(40));  // the store holds a live job: its state wins
+  CHECK(late.step() == 0);
+}

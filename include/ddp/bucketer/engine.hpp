@@ -63,6 +63,13 @@ class bucketer_engine : protected bucketer_buckets {
 
   // build() with the policy's layout `l` (under the mutex).
   void install_built(bucket_layout l) {
+    if (comm_.adopts_layout() && rebuilds_) {  // before anything is installed
+      throw usage_error(comm_.rank(), "Bucketer::build",
+                        "its communicator (a Manager or GroupManager) compares the gradient layout at every "
+                        "quorum, and this Bucketer's layout policy rebuilds the layout once it has seen the "
+                        "gradients' ready order: use a layout policy that never rebuilds (bucketing::fixed, "
+                        "bucketing::size_capped)");
+    }
     const auto grads = infos();
     if (auto problem = validate_layout(l, grads)) {
       throw usage_error(comm_.rank(), "Bucketer::build", "the layout policy returned an invalid layout: " + *problem);
@@ -82,14 +89,7 @@ class bucketer_engine : protected bucketer_buckets {
               comm_.stages_input();
     install_layout(std::move(l), false);
     notified_divisor_ = notified;
-    if (comm_.adopts_layout()) {  // a Manager: it compares layouts at every quorum, which needs a fixed one
-      if (rebuilds_) {
-        throw usage_error(comm_.rank(), "Bucketer::build",
-                          "its communicator (a Manager or GroupManager) compares the gradient layout at every "
-                          "quorum, and this Bucketer's layout policy rebuilds the layout once it has seen the "
-                          "gradients' ready order: use a layout policy that never rebuilds (bucketing::fixed, "
-                          "bucketing::size_capped)");
-      }
+    if (comm_.adopts_layout()) {  // a Manager: it compares layouts at every quorum
       comm_.adopt_layout(fingerprint_);
     } else if (opts_.check_layout) {
       std::vector<layout_row> rows;

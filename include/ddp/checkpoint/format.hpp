@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <ddp/dtype.hpp>
-#include <ddp/manager/heal.hpp>
+#include <ddp/detail/xxh64.hpp>
 
 namespace ddp::detail::checkpoint_format {
 
@@ -87,11 +87,16 @@ template <class T>
   }
   const auto n_tensors = get<std::uint32_t>(file, 12);
   const auto n_scalars = get<std::uint32_t>(file, 16);
-  const std::size_t header = fixed_header + std::size_t{n_tensors} * 16 + std::size_t{n_scalars} * 8;
-  if (header + 8 > file.size()) {
+  if (get<std::uint32_t>(file, 20) != 0) {
+    why = "has a reserved field that is not zero";
+    return std::nullopt;
+  }
+  const std::uint64_t header_bytes = fixed_header + std::uint64_t{n_tensors} * 16 + std::uint64_t{n_scalars} * 8;
+  if (header_bytes + 8 > file.size()) {
     why = "is " + std::to_string(file.size()) + " bytes, shorter than its header says (truncated?)";
     return std::nullopt;
   }
+  const auto header = static_cast<std::size_t>(header_bytes);  // below file.size(): fits
   contents c;
   c.step = get<std::int64_t>(file, 24);
   std::size_t at = fixed_header;

@@ -72,28 +72,22 @@ struct heal_plan {
   // from the state of `latest_formed`.
   const auto holds = [&](std::size_t r) { return latest_formed == 0 || word(r, 1) >= latest_formed; };
   // The layout most members that hold the state share (of all members at a job's start); ties
-  // go to the lowest rank. Replicas with another one are left out. A layout of 0 (none set yet: a
-  // Bucketer over the Manager builds at its first mark_ready, after this exchange) matches any;
-  // the reference is a member that set one, where any did.
-  const auto same = [&](std::size_t q, std::size_t r) {
-    return word(q, 3) == word(r, 3) && (word(q, 2) == word(r, 2) || word(q, 2) == 0 || word(r, 2) == 0);
-  };
+  // go to the lowest rank. Replicas with another one are left out.
   std::size_t ref = 0, ref_votes = 0;
-  bool ref_set = false;
   for (std::size_t r = 0; r < n; ++r) {
     std::size_t votes = 0;
-    for (std::size_t q = 0; q < n; ++q) votes += holds(q) && same(q, r) ? 1 : 0;
-    const bool set = word(r, 2) != 0;
-    if ((set && !ref_set) || (set == ref_set && votes > ref_votes)) {
+    for (std::size_t q = 0; q < n; ++q) {
+      votes += holds(q) && word(q, 2) == word(r, 2) && word(q, 3) == word(r, 3) ? 1 : 0;
+    }
+    if (votes > ref_votes) {
       ref = r;
       ref_votes = votes;
-      ref_set = set;
     }
   }
   heal_plan plan;
   std::vector<bool> ok(n, true);
   for (std::size_t r = 0; r < n; ++r) {
-    if (!same(r, ref)) {
+    if (word(r, 2) != word(ref, 2) || word(r, 3) != word(ref, 3)) {
       plan.refused.emplace_back(static_cast<int>(r), "replica " + members[r] +
                                                          " registered a different gradient layout or state size (" +
                                                          std::to_string(word(r, 3)) + " state bytes) than replica " +

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <ddp/any_communicator.hpp>
+#include <ddp/device_runtime.hpp>
 #include <ddp/error.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/store.hpp>

@@ -40,13 +40,13 @@ namespace ddp::nccl {
 /// device buckets and events on this stream across quorums. Outlives the Manager. Move-only.
 class replica_stream {
  public:
-  /// A new non-blocking stream on CUDA device `device`.
+  /// A new stream on CUDA device `device`, blocking as a communicator's own (`cudaStreamCreate`):
+  /// ordered after work on the legacy default stream.
   /// @throws usage_error without that device; communication_error when CUDA fails
   explicit replica_stream(int device, int rank = -1) : device_(device), rt_(std::make_unique<cuda::runtime>(rank)) {
     require_device(rank, device, "nccl::replica_stream");
     device_guard on_device(device, rank, "nccl::replica_stream");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), rank, "nccl::replica_stream",
-               "cudaStreamCreateWithFlags");
+    check_cuda(cudaStreamCreate(&stream_), rank, "nccl::replica_stream", "cudaStreamCreate");
   }
   replica_stream(replica_stream&& o) noexcept
       : device_(o.device_), rt_(std::move(o.rt_)), stream_(std::exchange(o.stream_, nullptr)) {}

@@ -343,7 +343,9 @@ class communicator : public single_tensor_calls<communicator> {
         if (!p->issued) {
           if (s->aborted.load() || s->closed.load()) {
             throw communication_error(info.rank, info.describe(),
-                                      "the communicator was aborted before this collective ran on its stream");
+                                      std::string("the communicator was ") +
+                                          (s->closed.load() ? "destroyed" : "aborted") +
+                                          " before this collective ran on its stream");
           }
           p->issued = true;
           p->inner = issue(s->inner);
