@@ -62,12 +62,13 @@ concept device_communicator = communicator<C> && requires(const C& cc) {
   { cc.device_queue() } -> std::same_as<ddp::device_queue>;
 };
 
-/// A communicator that compares the gradient layout of its ranks itself, whenever its members
-/// change (the Manager and GroupManager do at every quorum): a Bucketer built over it hands it its
-/// layout fingerprint instead of running its own one-time check (bucketer/engine.hpp).
+/// A communicator that can compare the gradient layout of its ranks itself, whenever its members
+/// change (the Manager and GroupManager do at every quorum): a Bucketer built over it offers it its
+/// layout fingerprint; `adopt_layout` returns true if it took it (no quorum yet: nothing to run a
+/// check over), false if the Bucketer should check over the current members itself (engine.hpp).
 template <class C>
 concept layout_adopting_communicator = communicator<C> && requires(C& c, std::uint64_t fingerprint) {
-  {c.adopt_layout(fingerprint)};
+  { c.adopt_layout(fingerprint) } -> std::same_as<bool>;
 };
 
 /// A tensor of any tensor type, or a `tensor_view`: what the single-tensor collectives take.
@@ -176,9 +177,9 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
 
   /// True if the referenced communicator compares its ranks' layouts itself (`layout_adopting_communicator`).
   [[nodiscard]] bool adopts_layout() const noexcept { return vt_->adopt_layout != nullptr; }
-  /// Hands the referenced communicator a layout fingerprint to compare (ask `adopts_layout()` first).
-  void adopt_layout(std::uint64_t fingerprint) const {
-    if (vt_->adopt_layout != nullptr) vt_->adopt_layout(obj_, fingerprint);
+  /// Offers the referenced communicator a layout fingerprint to compare; true if it took it.
+  [[nodiscard]] bool adopt_layout(std::uint64_t fingerprint) const {
+    return vt_->adopt_layout != nullptr && vt_->adopt_layout(obj_, fingerprint);
   }
 
   /// Identity of the referenced object (two refs to the same communicator compare equal).
@@ -198,7 +199,7 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
     bool (*has_premul_sum)(const void*);                              // null: as premul_sum says
     bool (*stages_input)(const void*);                                // null: never stages
     ddp::device_queue (*device_queue)(const void*);                   // null: host collectives only
-    void (*adopt_layout)(void*, std::uint64_t);                       // null: compares no layouts
+    bool (*adopt_layout)(void*, std::uint64_t);                       // null: compares no layouts
   };
 
   template <class C>
@@ -238,9 +239,9 @@ class communicator_ref : public single_tensor_calls<communicator_ref> {
   }
 
   template <class C>
-  static constexpr auto adopt_layout_entry() -> void (*)(void*, std::uint64_t) {
+  static constexpr auto adopt_layout_entry() -> bool (*)(void*, std::uint64_t) {
     if constexpr (layout_adopting_communicator<C>) {
-      return [](void* o, std::uint64_t fp) { static_cast<C*>(o)->adopt_layout(fp); };
+      return [](void* o, std::uint64_t fp) { return static_cast<C*>(o)->adopt_layout(fp); };
     } else {
       return nullptr;
     }

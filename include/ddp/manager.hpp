@@ -195,21 +195,16 @@ class Manager {
     (void)detail::raise_step_limit(store_, step);  // a fresh store's limit would refuse the step
     return true;
   }
-  /// The gradient layout's fingerprint, which every member must share (a replica that differs is
-  /// named when the quorum forms); a Bucketer built over the Manager hands it its own.
-  /// @throws usage_error for a new fingerprint after this replica's first quorum: its members
-  ///   compared the old one (build the Bucketer, or `attach` it, before the first `start_quorum()`)
-  void adopt_layout(std::uint64_t fp) {
-    if (fp != layout_fingerprint_ && (comm_ || formed_ != 0)) {
-      throw usage_error(rank_, "Manager::adopt_layout",
-                        "a gradient layout set after this replica's first quorum, whose members compared the one "
-                        "before: build the Bucketer over the Manager (m.attach(grads)) before the first "
-                        "start_quorum()");
-    }
+  /// Takes a Bucketer's layout fingerprint before this replica's first quorum (true): every member
+  /// must share it, and one that differs is named when a quorum forms. Later (false) the Bucketer
+  /// checks its layout over the quorum's members itself (`layout_adopting_communicator`).
+  bool adopt_layout(std::uint64_t fp) noexcept {
+    if (comm_ || formed_ != 0) return false;
     layout_fingerprint_ = fp;
+    return true;
   }
-  /// @copydoc adopt_layout
-  void set_layout_fingerprint(std::uint64_t fp) { adopt_layout(fp); }
+  /// A fingerprint of the gradient layout every member must share, from now on (any layout).
+  void set_layout_fingerprint(std::uint64_t fp) noexcept { layout_fingerprint_ = fp; }
   /// Builds `grads`, a Bucketer over this Manager, which hands the Manager its layout fingerprint;
   /// refuses, at compile time, a layout policy that rebuilds (the layout is compared at every quorum).
   template <class Grads>

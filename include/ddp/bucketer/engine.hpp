@@ -89,9 +89,9 @@ class bucketer_engine : protected bucketer_buckets {
               comm_.stages_input();
     install_layout(std::move(l), false);
     notified_divisor_ = notified;
-    if (comm_.adopts_layout()) {  // a Manager: it compares layouts at every quorum
-      comm_.adopt_layout(fingerprint_);
-    } else if (opts_.check_layout) {
+    // A Manager before its first quorum takes the fingerprint and compares it at every quorum; once
+    // a quorum exists, the check runs over its members here, as over any communicator.
+    if (!comm_.adopt_layout(fingerprint_) && opts_.check_layout) {
       std::vector<layout_row> rows;
       rows.reserve(entries_.size());
       for (const auto& e : entries_) rows.push_back({e.gradient.count, e.gradient.type, e.bucket});

@@ -24,8 +24,8 @@ struct bucketer_options {
   /// unused on every rank is left untouched (copy path) or zero (zero-copy path).
   bool find_unused_parameters = false;
   /// Compare a fingerprint of the gradients and the layout across ranks in `build()` (one allgather).
-  /// Over a Manager or GroupManager (`layout_adopting_communicator`) the check is theirs instead, at
-  /// every quorum, and this setting is not used.
+  /// Over a Manager or GroupManager before its first quorum (`layout_adopting_communicator`) the
+  /// check is theirs instead, at every quorum, and this setting is not used.
   bool check_layout = true;
   /// Test the in-flight buckets on every `mark_ready` (docs/bucketer.md, "Progress"). Turn off
   /// only for backends that progress on their own.

@@ -179,13 +179,17 @@ class GroupManager {
     }
   }
 
-  /// The gradient layout's fingerprint, as `Manager::adopt_layout` (the leader's is exchanged); a
-  /// Bucketer built over the GroupManager hands it its own.
-  void adopt_layout(std::uint64_t fp) {
+  /// A Bucketer's layout fingerprint, as `Manager::adopt_layout` (the leader's is exchanged;
+  /// a follower's is not, and is taken before its first quorum all the same).
+  bool adopt_layout(std::uint64_t fp) {
+    if (leader_) return leader_->adopt_layout(fp);
+    return !cross_ && generation_ == 0;
+  }
+  /// Optional: the gradient layout's fingerprint, as `Manager::set_layout_fingerprint` (the
+  /// leader's is exchanged).
+  void set_layout_fingerprint(std::uint64_t fp) {
     if (leader_) leader_->set_layout_fingerprint(fp);
   }
-  /// @copydoc adopt_layout
-  void set_layout_fingerprint(std::uint64_t fp) { adopt_layout(fp); }
   /// The leader's Manager events (quorum changes, heals, discarded steps); none on followers.
   void on_event(std::function<void(const manager_event&)> fn) {
     if (leader_) leader_->on_event(std::move(fn));
