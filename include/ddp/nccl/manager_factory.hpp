@@ -48,6 +48,7 @@ class replica_stream {
     device_guard on_device(device, rank, "nccl::replica_stream");
     check_cuda(cudaStreamCreate(&stream_), rank, "nccl::replica_stream", "cudaStreamCreate");
   }
+  /// Takes over the stream and runtime; the source may only be destroyed.
   replica_stream(replica_stream&& o) noexcept
       : device_(o.device_), rt_(std::move(o.rt_)), stream_(std::exchange(o.stream_, nullptr)) {}
   replica_stream& operator=(replica_stream&&) = delete;
