@@ -8,6 +8,7 @@
 #   share/cmake/ddp/FindNCCL.cmake       NCCL ships no package config before 2.29.7
 #   bin/ddp-run                          the MPI launcher that survives mpiexec's teardown hang
 #   bin/ddp-hosts                        test hosts on one machine (ddp-run --hosts)
+#   bin/ddp-slurm                        a Slurm cluster on test hosts (ddp-run --hosts --slurm)
 #   bin/ddp-supervise                    runs a fault-tolerant job's replicas, restarting the dead
 # The build tree gets the same files in ${PROJECT_BINARY_DIR}, so `-Dddp_DIR=<build dir>` works
 # without installing.
@@ -47,7 +48,7 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/ddp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 install(PROGRAMS "${PROJECT_SOURCE_DIR}/scripts/ddp-run" "${PROJECT_SOURCE_DIR}/scripts/ddp-hosts"
-                 "${PROJECT_SOURCE_DIR}/scripts/ddp-supervise"
+                 "${PROJECT_SOURCE_DIR}/scripts/ddp-slurm" "${PROJECT_SOURCE_DIR}/scripts/ddp-supervise"
         DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(TARGETS ${DDP_EXPORTED_TARGETS} EXPORT ddpTargets)
 install(EXPORT ddpTargets
