@@ -13,6 +13,9 @@
 //                                             is killed, without healing (active_replicas)
 //
 // No mpirun: the program starts its trainers itself (`--trainer <id> ...`), like a job launcher.
+// Under scripts/ddp-supervise (or Slurm), one trainer per replica:
+//   ./fault_tolerant_training --trainer r$DDP_REPLICA_ID --store file --dir <shared dir>
+//                             [--interface eth0]   across hosts: gloo on this host's eth0
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -59,12 +62,13 @@ struct config {
   int redis_port = 0;
   int diloco = 0;  // > 0: inner steps per outer step
   int spares = 0;  // hot spares: manager_options::active_replicas = replicas - spares
+  std::string interface;  // gloo's network interface ("eth0"); default loopback: one machine
 };
 
 // ---- one trainer process -------------------------------------------------------------------
 
 template <class Store>
-int train(const std::string& id, Store& store, int diloco, int spares) {
+int train(const std::string& id, Store& store, int diloco, int spares, const std::string& interface) {
   std::vector<float> w(dim, 0.0f), grad(dim, 0.0f), momentum(dim, 0.0f);
   for (std::size_t k = 0; k < dim; ++k) w[k] = static_cast<float>(std::hash<std::string>{}(id) % 7) * 0.01f;
   ddp::training_state state;
@@ -77,7 +81,9 @@ int train(const std::string& id, Store& store, int diloco, int spares) {
   opts.min_replicas = 2;
   opts.active_replicas = spares > 0 ? replicas - spares : 0;
   opts.heal_over = ddp::heal_transport::source_routes;  // the factory keys gloo's rendezvous by q.store
-  ddp::Manager m(store, ddp::gloo::manager_factory(), state, opts);
+  ddp::gloo::options gloo;
+  gloo.interface = interface;  // across hosts: this host's address on it, never loopback
+  ddp::Manager m(store, ddp::gloo::manager_factory(gloo), state, opts);
   m.on_event([&](const ddp::manager_event& e) {
     std::printf("%s step %lld: %s\n", id.c_str(), static_cast<long long>(e.step), e.text.c_str());
     std::fflush(stdout);
@@ -344,10 +350,11 @@ int main(int argc, char** argv) {
     if (k == "--port") c.redis_port = std::atoi(v.c_str());
     if (k == "--diloco") c.diloco = std::atoi(v.c_str());
     if (k == "--spares") c.spares = std::atoi(v.c_str());
+    if (k == "--interface") c.interface = v;
   }
   try {
     if (trainer.empty()) return launch("/proc/self/exe", c);
-    return with_store(c, [&](auto& store) { return train(trainer, store, c.diloco, c.spares); });
+    return with_store(c, [&](auto& store) { return train(trainer, store, c.diloco, c.spares, c.interface); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", trainer.empty() ? "launcher" : trainer.c_str(), e.what());
     return 1;
