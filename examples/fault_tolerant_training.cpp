@@ -60,8 +60,8 @@ struct config {
   std::string store = "file";
   std::string dir;
   int redis_port = 0;
-  int diloco = 0;  // > 0: inner steps per outer step
-  int spares = 0;  // hot spares: manager_options::active_replicas = replicas - spares
+  int diloco = 0;         // > 0: inner steps per outer step
+  int spares = 0;         // hot spares: manager_options::active_replicas = replicas - spares
   std::string interface;  // gloo's network interface ("eth0"); default loopback: one machine
 };
 
