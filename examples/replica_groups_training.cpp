@@ -9,6 +9,9 @@
 //   ./replica_groups_training
 //
 // No mpirun: the program starts its trainers itself (`--group <g> --rank <i> --dir <store>`).
+// Under scripts/ddp-supervise --group-size 2 (or Slurm), one trainer per process:
+//   ./replica_groups_training --group g$DDP_REPLICA_ID --rank $DDP_GROUP_RANK
+//       --incarnation $DDP_REPLICA_INCARNATION --dir <shared dir> [--interface eth0]
 // docs/replica-groups.md.
 #include <signal.h>
 #include <sys/wait.h>
@@ -45,17 +48,19 @@ constexpr std::size_t dim = 1 << 16;
 
 // ---- one trainer process: rank `index` of group `group` ----------------------------------------
 
-int train(const std::string& group, int index, int incarnation, const std::string& dir) {
+int train(const std::string& group, int index, int incarnation, const std::string& dir, const std::string& interface) {
   ddp::stores::file_store store(dir);
   ddp::gloo::options gloo_opts;
   gloo_opts.timeout = 3s;
   gloo_opts.connect_timeout = 10s;
+  gloo_opts.interface = interface;  // across hosts: this host's address on it (a group is on one host)
   // The group's own communicator. Its followers wait on it while the leader forms a quorum and
   // heals: its timeout covers quorum_timeout.
   ddp::stores::prefix_store<ddp::stores::file_store> inner_ns(
       store, "inner/" + group + "/" + std::to_string(incarnation) + "/");
   ddp::gloo::options inner_opts = gloo_opts;
   inner_opts.timeout = 90s;
+  inner_opts.interface = {};  // loopback: the group's ranks share a host
   ddp::gloo::communicator inner(ddp::store_ref(inner_ns), index, group_size, inner_opts);
 
   std::vector<float> w(dim, 0.0f), grad(dim, 0.0f), momentum(dim, 0.0f);
@@ -128,6 +133,8 @@ int train(const std::string& group, int index, int incarnation, const std::strin
   char text[32];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
   store.set("result/" + me, ddp::as_bytes(std::string(text)));
+  std::printf("%s: finished at step %lld, healed %llu times; parameters and momentum %s\n", me.c_str(),
+              static_cast<long long>(gm.step()), static_cast<unsigned long long>(gm.stats().heals), text);
   return 0;
 }
 
@@ -203,7 +210,7 @@ int launch(const std::string& self) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string group, dir;
+  std::string group, dir, interface;
   int index = 0, incarnation = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -211,10 +218,11 @@ int main(int argc, char** argv) {
     if (k == "--rank") index = std::atoi(v.c_str());
     if (k == "--incarnation") incarnation = std::atoi(v.c_str());
     if (k == "--dir") dir = v;
+    if (k == "--interface") interface = v;
   }
   try {
     if (group.empty()) return launch("/proc/self/exe");
-    return train(group, index, incarnation, dir);
+    return train(group, index, incarnation, dir, interface);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s.%d: %s\n", group.empty() ? "launcher" : group.c_str(), index, e.what());
     return 1;

@@ -19,12 +19,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -49,7 +47,6 @@
 #include <ddp/manager/record.hpp>
 #include <ddp/progress.hpp>
 #include <ddp/store.hpp>
-#include <ddp/stores/backoff.hpp>
 #include <ddp/stores/codec.hpp>
 #include <ddp/stores/membership.hpp>
 #include <ddp/stores/prefix_store.hpp>
@@ -372,25 +369,8 @@ class Manager {
   // tell (the store failed), it does not apply the step and reports "needs healing" until it
   // receives the state from a member that holds it.
   detail::commit_decision decide(bool vote_failed) {
-    detail::commit_decision d = detail::commit_decision::unknown;
-    // A store that fails is tried again until quorum_timeout: without it no quorum forms anyway,
-    // and giving up makes this member one that needs healing (the last holder of the state, it
-    // would stop the job).
-    const auto deadline = now() + opts_.quorum_timeout;
-    stores::detail::backoff pause(std::chrono::milliseconds(50));
-    for (;;) {
-      // Gives up only after an attempt that began past the deadline failed: a member that hung
-      // (SIGSTOP) inside an attempt wakes past it and must ask the store once more, or the last
-      // holder of the state would stop the job (the simulation's hang fault, seed 10875).
-      const bool last = now() >= deadline;
-      try {
-        d = detail::decide_step(store_, generation_, step_, generation_start_, vote_failed, rank_);
-        break;
-      } catch (const ddp::error&) {
-        if (last) break;
-        pause.sleep_until_next(deadline, opts_.time);
-      }
-    }
+    const detail::commit_decision d = detail::decide_step_until(
+        store_, {generation_, step_, generation_start_, vote_failed, rank_}, now() + opts_.quorum_timeout, opts_.time);
     if (d == detail::commit_decision::commit) return d;
     needs_quorum_ = true;
     if (d == detail::commit_decision::unknown) {
@@ -468,6 +448,7 @@ class Manager {
     quorum_info q{target, m.rank, m.size(), m.members, store_ref(*comm_store_)};
     q.deadline = clock::now() + (deadline - now());  // the machine's clock, as a factory reads it
     q.step_timeout = opts_.step_timeout;
+    q.connect_timeout = detail::connect_timeout_of(opts_);
     comm_ = factory_(q);
     detail::check_state_placement(tensors_(), comm_, rank_, generation_);
     detail::check_device_queue(opts_.device_queue, comm_, rank_, generation_);
@@ -499,12 +480,9 @@ class Manager {
 
   [[nodiscard]] detail::state_view state() const { return {tensors_(), scalars_()}; }
 
-  // Members exchange their reports (manager/exchange.hpp); those behind receive the state from
-  // the members that completed forming the latest generation every member finished forming, or
-  // a later one (only such a generation commits steps: manager/quorum.hpp, latest_complete). A replica whose words are
-  // wrong is left out: it is told (the error, kept in refused_, is thrown by every later start_quorum()), and the
-  // others form the next generation without it. Forming completes with this member's "formed" record of the generation,
-  // before any step.
+  // Members exchange their reports (manager/exchange.hpp) and those behind receive the state from
+  // its holders; a replica whose words are wrong is left out for good (refused_). Forming completes
+  // with this member's "formed" record, before any step (docs/fault-tolerance.md, "The quorum rule").
   void exchange_and_heal(clock::time_point deadline) {
     const auto n = static_cast<std::size_t>(size_);
     const detail::member_report report{
@@ -519,17 +497,7 @@ class Manager {
       if (r.mine) refused_ = r.error;
       std::rethrow_exception(r.error);
     }
-    if (plan.sources.empty()) {
-      // Nobody here holds the committed state. Before any step committed, any member's state may
-      // start the job; after, waiting for a holder is the only safe course.
-      if (formed > 0) {
-        throw communication_error(rank_, "Manager quorum " + std::to_string(generation_),
-                                  "no member holds the committed state (none of the members of generation " +
-                                      std::to_string(formed) + ", the latest that committed, is here: " +
-                                      detail::describe_reports(all, members_) + "); waiting for one");
-      }
-      plan = detail::first_heal_plan(all);
-    }
+    if (plan.sources.empty()) plan = detail::plan_without_holder(all, members_, formed, rank_, generation_);
     const std::vector<int>& sources = plan.sources;
     const bool i_recover = std::find(sources.begin(), sources.end(), rank_) == sources.end();
     const bool anyone_recovers = sources.size() < n;

@@ -4,6 +4,7 @@
 // store; the parent checks: one state per committed step, one member list per committed step and
 // per generation, and the job reached its last step.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -164,4 +165,50 @@ TEST_CASE("Manager over gloo processes: a replica stopped by SIGSTOP costs the o
   check_store(dir.path(), ids, 40, 200);
   // c ended in the full quorum: it healed from a or b.
   CHECK(gloo_test::text_of(records.get("c/39/c")) == gloo_test::text_of(records.get("c/39/a")));
+}
+
+TEST_CASE(
+    "Manager over gloo processes: a replica that dies after enrolling holds the others for the connect "
+    "timeout, not the quorum's",
+    "[gloo][manager][file]") {
+  // d dies at step 5 (SIGKILL); a, b and c enroll in the next generation, and c dies as its factory
+  // starts (before gloo publishes its address), as a replica on a host that is lost mid re-form.
+  // gloo's own connect timeout is a minute and the quorum's deadline 20 s: the others must give up
+  // on c after the Manager's connect timeout (5 s here), form without it and train on.
+  using clock_type = std::chrono::steady_clock;
+  temp_dir dir("manager-enrolled-dead");
+  const std::vector<std::string> ids{"a", "b", "c", "d"};
+  constexpr std::int64_t kill_at = 5;
+  const auto done = [](std::int64_t s, const std::vector<std::string>&) { return s >= kill_at + 10; };
+  gloo_test::process_group group(4, [&](int rank, const gloo_test::reporter&) {
+    gloo_test::trainer_setup setup{.records = dir.path(), .min_replicas = 2, .quorum_timeout = 20s};
+    setup.gloo.connect_timeout = 60s;
+    if (rank == 3) {
+      setup.on_step = [](std::int64_t s) {
+        if (s == kill_at) ::raise(SIGKILL);
+      };
+    }
+    if (rank == 2) {
+      setup.on_connect = [](const ddp::quorum_info& q) {
+        if (q.generation >= 2) ::_exit(3);
+      };
+    }
+    st::file_store store(dir.path());
+    gloo_test::train(store, setup, ids[static_cast<std::size_t>(rank)], 0, done);
+  });
+  const auto start = clock_type::now();
+  const auto outs = group.wait_all(60s);
+  const auto took = clock_type::now() - start;
+  INFO(gloo_test::describe_all(outs));
+  CHECK(outs[0].ok());
+  CHECK(outs[1].ok());
+  CHECK(!outs[2].ok());  // c did die in its factory
+  st::file_store records(dir.path());
+  // a and b formed generation 3 without c (generation 2 never connected) and committed on.
+  CHECK(gloo_test::text_of(records.get("c/" + std::to_string(kill_at + 9) + "/a")) ==
+        gloo_test::text_of(records.get("c/" + std::to_string(kill_at + 9) + "/b")));
+  CHECK(gloo_test::text_of(records.get("c/" + std::to_string(kill_at + 9) + "/a")).rfind("a,b, ", 0) == 0);
+  // Within the connect timeout and a re-form or two, far from the quorum deadline's 20 s.
+  CHECK(took < 18s);
+  check_store(dir.path(), ids, kill_at + 10, 10);
 }

@@ -123,6 +123,7 @@ struct trainer_setup {
   std::chrono::milliseconds step_timeout = 5s;  ///< manager_options::step_timeout
   std::function<void(int)> on_broadcast{};      ///< runs before every broadcast of the Manager's communicator
   std::function<void(std::int64_t)> on_step{};  ///< runs after each start_quorum(), with the step
+  std::function<void(const ddp::quorum_info&)> on_connect{};  ///< runs as the factory starts, before gloo connects
   int active_replicas = 0;  ///< hot spares (manager_options::active_replicas); each commit records its participant rank
   ddp::heal_transport heal_over = ddp::heal_transport::quorum_broadcast;  ///< manager_options::heal_over
 };
@@ -157,8 +158,11 @@ void train(Store& store, const trainer_setup& setup, const std::string& id, std:
   ddp::Manager m(
       store,
       [&](const ddp::quorum_info& q) {
+        if (setup.on_connect) setup.on_connect(q);
+        ddp::gloo::options go = setup.gloo;
+        go.connect_timeout = q.connect_time_left(go.connect_timeout);  // as gloo::manager_factory does
         return ddp::any_communicator(
-            killable_comm(ddp::gloo::communicator(q.store, q.rank, q.size, setup.gloo), setup.on_broadcast));
+            killable_comm(ddp::gloo::communicator(q.store, q.rank, q.size, go), setup.on_broadcast));
       },
       state, opts);
   m.on_event([&](const ddp::manager_event& e) {

@@ -2,10 +2,11 @@
 # Tests of scripts/ddp-supervise (issue #46): a replica that dies is started again with the next
 # incarnation and the same id; the environment each replica gets; the restart budget and the
 # rate bound; SIGTERM reaches every replica and leaves no process; the Redis store with a
-# password; and a real fault-tolerant job (examples/fault_tolerant_training's trainers) whose
+# password; replica groups restarted as a whole; and a real fault-tolerant job
+# (examples/fault_tolerant_training's trainers) whose
 # replica is SIGKILLed from outside: it is restarted, heals, and all three end bit-identical.
-# Usage: supervise_test.sh <path to ddp-supervise>            the supervisor's own cases (1-6)
-#        supervise_test.sh <path to ddp-supervise> --job <path to fault_tolerant_training>   case 7
+# Usage: supervise_test.sh <path to ddp-supervise>            the supervisor's own cases (1-7)
+#        supervise_test.sh <path to ddp-supervise> --job <path to fault_tolerant_training>   case 8
 set -u
 sup=$1
 trainer=""
@@ -23,9 +24,14 @@ cat > "$work/replica.sh" <<'R'
 #!/usr/bin/env bash
 # ddp-supervise-test marker: $0
 echo "$DDP_REPLICA_ID $DDP_REPLICA_INCARNATION $(( $(date +%s%N) / 1000000 ))" >> "$LOG"
+[ -n "${DDP_GROUP_RANK:-}" ] && echo "$DDP_REPLICA_ID $DDP_REPLICA_INCARNATION $DDP_GROUP_RANK/$DDP_GROUP_SIZE" >> "$LOG.group"
 case "$MODE" in
   kill-once) [ "$DDP_REPLICA_ID" = 1 ] && [ "$DDP_REPLICA_INCARNATION" = 0 ] && kill -KILL $$ ;;
   always-fail) exit 3 ;;
+  group) if [ "$DDP_REPLICA_ID" = 1 ] && [ "$DDP_REPLICA_INCARNATION" = 0 ]; then
+           [ "$DDP_GROUP_RANK" = 1 ] && { sleep 0.3; kill -KILL $$; }
+           sleep 30  # its group-mate: the supervisor must stop it
+         fi ;;
   env) echo "$DDP_REPLICA_ID ${#DDP_JOB_SECRET} $DDP_REPLICAS $DDP_STORE" >> "$LOG.env"
        [[ "$DDP_JOB_SECRET" =~ ^[0-9a-f]{64}$ ]] || exit 4
        [ -d "${DDP_STORE#file:}" ] || exit 5 ;;
@@ -103,7 +109,22 @@ fi
 
 fi
 
-# 7. A real fault-tolerant job: three trainers of examples/fault_tolerant_training under the
+# 7. Replica groups (--group-size 2): a group's rank SIGKILLed; its group-mate is stopped and the
+#    group starts again as a whole, as incarnation 1, each process with its group rank.
+if [ -z "$trainer" ]; then
+f=$failures
+t0=$(ms)
+out=$(LOG=$work/l6 MODE=group "$sup" -n 2 --group-size 2 --grace 1 --min-interval 0.1 -- "$replica" 2>&1); rc=$?
+took=$(( $(ms) - t0 ))
+[ $rc = 0 ] || fail "group: exit $rc: $out"
+[ "$(sort "$work/l6.group" | tr '\n' ,)" = "0 0 0/2,0 0 1/2,1 0 0/2,1 0 1/2,1 1 0/2,1 1 1/2," ] ||
+  fail "group: starts $(sort "$work/l6.group" | tr '\n' ,)"
+grep -q "replica 1 (incarnation 0) killed by SIGKILL; restarting" <<< "$out" || fail "group: no restart line: $out"
+[ "$took" -lt 20000 ] || fail "group: the killed rank's group-mate was not stopped (took $took ms)"
+[ $failures = $f ] && ok "--group-size 2: a dead rank's group is stopped and started again as a whole"
+fi
+
+# 8. A real fault-tolerant job: three trainers of examples/fault_tolerant_training under the
 #    supervisor, one SIGKILLed from outside once the job trains: restarted, it heals; all three end
 #    with the same parameters.
 f=$failures
@@ -113,12 +134,12 @@ if [ -n "$trainer" ]; then
 exec "$trainer" --trainer r\$DDP_REPLICA_ID --store file --dir "\${DDP_STORE#file:}" --port 0 --diloco 0 --spares 0
 R
   chmod +x "$work/ft-replica.sh"
-  "$sup" -n 3 --min-interval 0.2 --timeout 90 -- "$work/ft-replica.sh" > "$work/l7" 2> "$work/l7.err" &
+  "$sup" -n 3 --min-interval 0.2 --timeout 90 --store "file:$work/store" -- "$work/ft-replica.sh" > "$work/l7" 2> "$work/l7.err" &
   pid=$!
   killed=0
   for _ in $(seq 600); do  # once r1 has printed a step, kill it
     if grep -q "^r1: committed step" "$work/l7" 2>/dev/null; then
-      pkill -KILL -f -- "--trainer r1 " && killed=1
+      pkill -KILL -f -- "--trainer r1 --store file --dir $work/store" && killed=1
       break
     fi
     sleep 0.05

@@ -23,12 +23,13 @@ namespace ddp::gloo {
 /// A `communicator_factory` for `ddp::Manager` and `ddp::GroupManager`: a gloo communicator of the
 /// quorum's (or heal route's) members through `quorum_info::store`.
 /// @param opts options of every communicator built; `connect_timeout` and `timeout` are upper
-///   bounds, lowered to what the quorum's deadline leaves
+///   bounds, lowered to what the quorum's deadline leaves (and `connect_timeout` to the quorum's,
+///   `quorum_info::connect_timeout`)
 [[nodiscard]] inline communicator_factory manager_factory(options opts = {}) {
   return [opts = std::move(opts)](const quorum_info& q) -> any_communicator {
     options o = opts;
     o.timeout = q.communicator_timeout(opts.timeout);
-    o.connect_timeout = q.time_left(opts.connect_timeout);
+    o.connect_timeout = q.connect_time_left(opts.connect_timeout);
     return any_communicator(communicator(q.store, q.rank, q.size, o));
   };
 }

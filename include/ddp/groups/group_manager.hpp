@@ -427,6 +427,7 @@ class GroupManager {
       quorum_info q{generation_, rank_, size_, members_, store_ref(*generation_store_)};
       q.deadline = clock::now() + opts_.quorum_timeout;  // at most the leader's, which is already counting
       q.step_timeout = opts_.step_timeout;
+      q.connect_timeout = detail::connect_timeout_of(opts_);
       cross_ = build_at_index(q);
       detail::check_state_placement(tensors_(), cross_, rank_, generation_);
     } catch (const detail::state_placement_error&) {  // the same on every attempt: this rank cannot go on

@@ -6,10 +6,14 @@
 /// write wins (`set_if_absent`). Not for users; the protocol and why it is safe:
 /// docs/fault-tolerance.md ("The commit decision").
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
+#include <ddp/error.hpp>
 #include <ddp/store.hpp>
+#include <ddp/stores/backoff.hpp>
+#include <ddp/time_source.hpp>
 
 namespace ddp::detail {
 
@@ -57,6 +61,35 @@ inline constexpr std::int64_t decision_block_steps = 1024;
     (void)store.erase_prefix(decision_block(g, block - 2));
   }
   return d;
+}
+
+/// The step a member decides and how its vote went (`decide_step`'s question).
+struct step_vote {
+  std::uint64_t generation = 0;
+  std::int64_t step = 0;
+  std::int64_t first_step = 0;  ///< the generation's first step
+  bool vote_failed = false;     ///< voted yes, but the vote did not complete here
+  int rank = 0;
+};
+
+/// `decide_step`, asked again after each store error until `deadline` on `time`'s clock: without
+/// the store no quorum forms anyway, and giving up makes the member one that needs healing (the
+/// last holder of the state would stop the job). It gives up (`unknown`) only after an attempt
+/// that began past the deadline failed: a member that hung (SIGSTOP) inside an attempt wakes past
+/// it and must ask once more (the simulation's hang fault, seed 10875).
+[[nodiscard]] inline commit_decision decide_step_until(store_ref store, const step_vote& v,
+                                                       std::chrono::steady_clock::time_point deadline,
+                                                       time_source* time) {
+  stores::detail::backoff pause(std::chrono::milliseconds(50));
+  for (;;) {
+    const bool last = now_of(time) >= deadline;
+    try {
+      return decide_step(store, v.generation, v.step, v.first_step, v.vote_failed, v.rank);
+    } catch (const ddp::error&) {
+      if (last) return commit_decision::unknown;
+      pause.sleep_until_next(deadline, time);
+    }
+  }
 }
 
 }  // namespace ddp::detail

@@ -171,6 +171,22 @@ struct heal_plan {
   return plan;
 }
 
+/// The plan when `plan_heal` found no holder of the committed state here: before any step
+/// committed (`latest_formed` 0) any member's state may start the job (`first_heal_plan`); after,
+/// waiting for a holder is the only safe course.
+/// @throws communication_error naming every member's report, when a step committed
+[[nodiscard]] inline heal_plan plan_without_holder(std::span<const std::int64_t> all,
+                                                   const std::vector<std::string>& members, std::int64_t latest_formed,
+                                                   int rank, std::uint64_t generation) {
+  if (latest_formed > 0) {
+    throw communication_error(
+        rank, "Manager quorum " + std::to_string(generation),
+        "no member holds the committed state (none of the members of generation " + std::to_string(latest_formed) +
+            ", the latest that committed, is here: " + describe_reports(all, members) + "); waiting for one");
+  }
+  return first_heal_plan(all);
+}
+
 /// The error a member of quorum `generation` gets when `refused` (not empty) are left out: its
 /// own refusal if it is one of them (`mine`: a `usage_error` for a layout or options, a `manager_error` for
 /// the rest), kept for good, or a `communication_error` after which the others re-form without

@@ -117,6 +117,11 @@ struct quorum_info {
   /// `manager_options::step_timeout`: the Manager ends every collective of a step by then (0 where
   /// unknown).
   std::chrono::milliseconds step_timeout{0};
+  /// How long a factory waits for the members to connect (`deadline` still caps it), so that a
+  /// member that enrolled and then died holds the others this long, not until `deadline`: the
+  /// attempt fails and the next one forms without it once its heartbeat is stale. The Manager's
+  /// and a replica group's: `detail::connect_timeout_of`; 0 where unknown.
+  std::chrono::milliseconds connect_timeout{0};
 
   /// What is left until `deadline`, `longest` at most (and where it is unknown), 1 ms at least:
   /// the budget of a factory's rendezvous.
@@ -124,6 +129,10 @@ struct quorum_info {
     if (deadline == clock::time_point{}) return longest;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
     return std::clamp(left, std::chrono::milliseconds(1), std::max(longest, std::chrono::milliseconds(1)));
+  }
+  /// `time_left` for a rendezvous: `longest`, `connect_timeout` and `deadline` at most.
+  [[nodiscard]] std::chrono::milliseconds connect_time_left(std::chrono::milliseconds longest) const {
+    return time_left(connect_timeout > std::chrono::milliseconds(0) ? std::min(longest, connect_timeout) : longest);
   }
   /// A communicator's own collective timeout for this quorum, `longest` at most: its exchange and
   /// heal end by `deadline`, a step's collectives by the Manager's step deadline, so the backend's
@@ -191,6 +200,12 @@ inline void check_options(const manager_options& o, bool first_write_store) {
                       "the store must write a key only if it has none (set_if_absent: ddp::first_write_store); the "
                       "commit decision and the quorum's membership rely on it");
   }
+}
+
+/// `quorum_info::connect_timeout` of a quorum formed with `o`: twice `heartbeat_timeout` (a member
+/// silent that long is taken as dead), 5 s at least (a busy machine's set-up).
+[[nodiscard]] inline std::chrono::milliseconds connect_timeout_of(const manager_options& o) {
+  return std::max(2 * o.heartbeat_timeout, std::chrono::milliseconds(5000));
 }
 }  // namespace detail
 

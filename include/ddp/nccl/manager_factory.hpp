@@ -86,7 +86,7 @@ class replica_stream {
 /// @param opts    options of every communicator created (a caller's `opts.stream` is shared by all)
 [[nodiscard]] inline communicator_factory manager_factory(int device, options opts = {}) {
   return [device, opts = std::move(opts)](const quorum_info& q) -> any_communicator {
-    const unique_id id = share_unique_id(q.store, q.rank, "nccl_unique_id", q.time_left(opts.timeout));
+    const unique_id id = share_unique_id(q.store, q.rank, "nccl_unique_id", q.connect_time_left(opts.timeout));
     return any_communicator(communicator::create(id, q.rank, q.size, device, opts));
   };
 }
