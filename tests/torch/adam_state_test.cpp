@@ -97,8 +97,7 @@ TEST_CASE("libtorch Adam: moments created before the Manager stay the registered
   }
 }
 
-TEST_CASE("libtorch Adam: a replica healed through its registered state steps bit for bit as its source",
-          "[torch]") {
+TEST_CASE("libtorch Adam: a replica healed through its registered state steps bit for bit as its source", "[torch]") {
   replica source(1), healed(2);
   for (int k = 0; k < 4; ++k) {
     source.load_step();
