@@ -3,7 +3,8 @@
 /// @brief `ddp::launch_env`: this process's rank, the job's size and its place on its node, as the
 /// launcher that started it says: Slurm (`srun`), Open MPI (`mpirun`, `ddp-run`), a torchrun-style
 /// launcher, or `ddp-supervise`. For jobs that do not initialise MPI (gloo over a store) and still
-/// need a rank (docs/launching.md, "Rank and size without MPI").
+/// need a rank (docs/launching.md, "Rank and size without MPI"). And `ddp::replica_env`: what
+/// `ddp-supervise` told a replica of a fault-tolerant job (its id, incarnation, group and store).
 
 #include <algorithm>
 #include <cstddef>
@@ -115,6 +116,81 @@ struct launch_env {
                         launcher + " says " + r + " " + std::to_string(rank) + " of " + s + " " + std::to_string(size) +
                             ": the " + r + " must be below the " + s);
     }
+  }
+  friend struct replica_env;
+};
+
+/// Where a job's store is, as `ddp-supervise` writes it in DDP_STORE: "file:<dir>" (a
+/// `stores::file_store` on a directory every replica sees) or "redis:<host>:<port>" (a
+/// `stores::redis_store`, which reads the password from DDP_REDIS_PASSWORD itself).
+struct store_address {
+  /// The kinds of store `ddp-supervise` starts or points at.
+  enum class kind { file, redis };
+  kind type = kind::file;  ///< which store
+  std::string path;        ///< file: the directory
+  std::string host;        ///< redis: the server's host
+  int port = 0;            ///< redis: the server's port
+
+  /// @throws usage_error saying what is wrong with `text` (`variable` names where it came from)
+  [[nodiscard]] static store_address parse(std::string_view text, const char* variable = "DDP_STORE") {
+    const auto bad = [&](const std::string& why) {
+      return usage_error(-1, "store_address::parse",
+                         std::string(variable) + "='" + std::string(text) + "': " + why +
+                             " (expected file:<dir> or redis:<host>:<port>)");
+    };
+    store_address a;
+    if (text.starts_with("file:")) {
+      a.path = std::string(text.substr(5));
+      if (a.path.empty()) throw bad("no directory");
+      return a;
+    }
+    if (!text.starts_with("redis:")) throw bad("unknown kind of store");
+    a.type = kind::redis;
+    const std::string_view rest = text.substr(6);
+    const auto colon = rest.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) throw bad("no host and port");
+    a.host = std::string(rest.substr(0, colon));
+    const std::string_view port = rest.substr(colon + 1);
+    bool digits = !port.empty() && port.size() <= 5;
+    for (const char c : port) {
+      digits = digits && c >= '0' && c <= '9';
+      if (digits) a.port = a.port * 10 + (c - '0');
+    }
+    if (!digits || a.port < 1 || a.port > 65535) throw bad("the port must be 1-65535");
+    return a;
+  }
+};
+
+/// What `ddp-supervise` told one process of a fault-tolerant job (docs/launching.md,
+/// "Fault-tolerant jobs"): which replica it is, which start of it, its place in a replica group,
+/// and where the job's store is. The job's secret (DDP_JOB_SECRET) is read by the backends
+/// themselves.
+struct replica_env {
+  int id = 0;                          ///< DDP_REPLICA_ID, 0..replicas-1, stable across restarts: the replica_id
+  int replicas = 1;                    ///< DDP_REPLICAS
+  int incarnation = 0;                 ///< DDP_REPLICA_INCARNATION: 0 at the first start, +1 at each restart
+  int group_rank = 0;                  ///< DDP_GROUP_RANK: this process's index in its replica group
+  int group_size = 1;                  ///< DDP_GROUP_SIZE: processes per replica (1: no group)
+  std::optional<store_address> store;  ///< DDP_STORE; nothing under `--store none`
+
+  /// Reads the variables; nothing if DDP_REPLICA_ID is unset (not under `ddp-supervise`).
+  /// @throws usage_error naming the variable when a value is not a number, an index is not below
+  ///   its count, or DDP_STORE is malformed
+  [[nodiscard]] static std::optional<replica_env> detect(const std::function<const char*(const char*)>& get =
+                                                             [](const char* n) { return std::getenv(n); }) {
+    const auto has = [&](const char* n) { return get(n) != nullptr && *get(n) != '\0'; };
+    if (!has("DDP_REPLICA_ID")) return std::nullopt;
+    const auto number = [&](const char* n, int otherwise) { return has(n) ? launch_env::number(get, n) : otherwise; };
+    replica_env e;
+    e.id = launch_env::number(get, "DDP_REPLICA_ID");
+    e.replicas = number("DDP_REPLICAS", 1);
+    e.incarnation = number("DDP_REPLICA_INCARNATION", 0);
+    e.group_rank = number("DDP_GROUP_RANK", 0);
+    e.group_size = number("DDP_GROUP_SIZE", 1);
+    launch_env::check(e.id, e.replicas, "ddp-supervise", "replica id", "replica count");
+    launch_env::check(e.group_rank, e.group_size, "ddp-supervise", "group rank", "group size");
+    if (has("DDP_STORE")) e.store = store_address::parse(get("DDP_STORE"));
+    return e;
   }
 };
 

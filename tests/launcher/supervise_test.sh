@@ -131,7 +131,7 @@ f=$failures
 if [ -n "$trainer" ]; then
   cat > "$work/ft-replica.sh" <<R
 #!/usr/bin/env bash
-exec "$trainer" --trainer r\$DDP_REPLICA_ID --store file --dir "\${DDP_STORE#file:}" --port 0 --diloco 0 --spares 0
+exec -a "$work/trainer-r\$DDP_REPLICA_ID-i\$DDP_REPLICA_INCARNATION" "$trainer"  # a name pkill can find
 R
   chmod +x "$work/ft-replica.sh"
   "$sup" -n 3 --min-interval 0.2 --timeout 90 --store "file:$work/store" -- "$work/ft-replica.sh" > "$work/l7" 2> "$work/l7.err" &
@@ -139,7 +139,7 @@ R
   killed=0
   for _ in $(seq 600); do  # once r1 has printed a step, kill it
     if grep -q "^r1: committed step" "$work/l7" 2>/dev/null; then
-      pkill -KILL -f -- "--trainer r1 --store file --dir $work/store" && killed=1
+      pkill -KILL -f -- "^$work/trainer-r1-i0" && killed=1
       break
     fi
     sleep 0.05

@@ -19,7 +19,7 @@ mode=$2
 trainer=$3
 : "${DDP_SLURM_TOOL:?run me with ddp-run --hosts 3 --slurm --hosts-only}"
 work=$(mktemp -d)
-trap 'pkill -KILL -f -- "--dir $work/store" 2>/dev/null; rm -rf "$work"' EXIT
+trap 'pkill -KILL -f -- "^$work/trainer-" 2>/dev/null; rm -rf "$work"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
@@ -30,24 +30,22 @@ if [ "$mode" = groups ]; then
   # A replica's events and lines come from its group's leader, rank 0 ("g1.0").
   name() { echo "g$1.0"; }
   committed="^g1: committed step"
-  victim="--group g1 --rank 1 --incarnation 0 --dir $work/store"
+  victim="^$work/trainer-g1.1-i0"
   ranks=6 per_host=4 hash_after=momentum group_flags=(--group-size 2)
   cat > "$work/start.sh" <<R
 #!/usr/bin/env bash
 echo "g\$DDP_REPLICA_ID.\$DDP_GROUP_RANK incarnation \$DDP_REPLICA_INCARNATION on \$(hostname)"
-exec "$trainer" --group g\$DDP_REPLICA_ID --rank \$DDP_GROUP_RANK --incarnation \$DDP_REPLICA_INCARNATION \
-  --dir "\${DDP_STORE#file:}" --interface eth0
+exec -a "$work/trainer-g\$DDP_REPLICA_ID.\$DDP_GROUP_RANK-i\$DDP_REPLICA_INCARNATION" "$trainer" --interface eth0
 R
 else
   name() { echo "r$1"; }
   committed="^r1: committed step"
-  victim="--trainer r1 --store file --dir $work/store"
+  victim="^$work/trainer-r1-i0"
   ranks=3 per_host=2 hash_after=parameters group_flags=()
   cat > "$work/start.sh" <<R
 #!/usr/bin/env bash
 echo "r\$DDP_REPLICA_ID incarnation \$DDP_REPLICA_INCARNATION on \$(hostname)"
-exec "$trainer" --trainer r\$DDP_REPLICA_ID --store file --dir "\${DDP_STORE#file:}" --port 0 --diloco 0 --spares 0 \
-  --interface eth0
+exec -a "$work/trainer-r\$DDP_REPLICA_ID-i\$DDP_REPLICA_INCARNATION" "$trainer" --interface eth0
 R
 fi
 # Room on every host for a replica that moves there.

@@ -86,6 +86,66 @@ TEST_CASE("launch_env: a value that is wrong is a usage_error naming the variabl
             .find("nodes run different numbers of tasks") != std::string::npos);
 }
 
+namespace {
+
+std::optional<ddp::replica_env> replica(const std::map<std::string, std::string>& env) {
+  return ddp::replica_env::detect([&](const char* n) -> const char* {
+    const auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string replica_error(const std::map<std::string, std::string>& env) {
+  try {
+    (void)replica(env);
+  } catch (const ddp::usage_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("replica_env: what ddp-supervise sets, with the store's address", "[unit][launch]") {
+  auto e = replica({{"DDP_REPLICA_ID", "2"},
+                    {"DDP_REPLICAS", "3"},
+                    {"DDP_REPLICA_INCARNATION", "4"},
+                    {"DDP_GROUP_RANK", "1"},
+                    {"DDP_GROUP_SIZE", "2"},
+                    {"DDP_STORE", "redis:10.77.0.1:6380"}});
+  REQUIRE(e);
+  CHECK((e->id == 2 && e->replicas == 3 && e->incarnation == 4 && e->group_rank == 1 && e->group_size == 2));
+  REQUIRE(e->store);
+  CHECK((e->store->type == ddp::store_address::kind::redis && e->store->host == "10.77.0.1" && e->store->port == 6380));
+  e = replica({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "file:/shared/job 7"}});
+  REQUIRE(e);
+  CHECK((e->replicas == 1 && e->incarnation == 0 && e->group_rank == 0 && e->group_size == 1));
+  REQUIRE(e->store);
+  CHECK((e->store->type == ddp::store_address::kind::file && e->store->path == "/shared/job 7"));
+  e = replica({{"DDP_REPLICA_ID", "0"}, {"DDP_REPLICAS", "2"}});
+  REQUIRE(e);
+  CHECK_FALSE(e->store);                          // --store none
+  CHECK_FALSE(replica({{"DDP_REPLICAS", "3"}}));  // no id: not under ddp-supervise
+}
+
+TEST_CASE("replica_env: a wrong value is a usage_error naming the variable", "[unit][launch]") {
+  CHECK(replica_error({{"DDP_REPLICA_ID", "3"}, {"DDP_REPLICAS", "3"}}).find("replica id 3 of replica count 3") !=
+        std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_GROUP_RANK", "2"}, {"DDP_GROUP_SIZE", "2"}})
+            .find("group rank 2 of group size 2") != std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_REPLICA_INCARNATION", "one"}})
+            .find("DDP_REPLICA_INCARNATION='one'") != std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "nfs:/x"}}).find("DDP_STORE='nfs:/x': unknown kind") !=
+        std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "file:"}}).find("no directory") != std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "redis:6379"}}).find("no host and port") !=
+        std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "redis:h:0"}}).find("the port must be 1-65535") !=
+        std::string::npos);
+  CHECK(replica_error({{"DDP_REPLICA_ID", "0"}, {"DDP_STORE", "redis:h:x"}}).find("the port must be") !=
+        std::string::npos);
+}
+
 TEST_CASE("net::local_address_toward: loopback toward this host, the interface's address toward its own",
           "[unit][launch]") {
   CHECK(ddp::net::local_address_toward("127.0.0.1") == "127.0.0.1");
