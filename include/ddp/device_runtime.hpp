@@ -20,9 +20,11 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include <ddp/device.hpp>
+#include <ddp/error.hpp>
 
 namespace ddp {
 
@@ -40,6 +42,17 @@ struct device_event {
   /// Same handle.
   friend bool operator==(const device_event&, const device_event&) = default;
   /// True if it names an event.
+  [[nodiscard]] explicit operator bool() const noexcept { return native != nullptr; }
+};
+
+/// A gate of the device runtime: work enqueued on a stream after `wait_gate` runs only once the
+/// host opened the gate. How a device communicator over a host transport orders a host
+/// collective into a stream (ddp/staged/communicator.hpp). Does not own it.
+struct device_gate {
+  void* native = nullptr;  ///< the runtime's handle; null: no gate
+  /// Same handle.
+  friend bool operator==(const device_gate&, const device_gate&) = default;
+  /// True if it names a gate.
   [[nodiscard]] explicit operator bool() const noexcept { return native != nullptr; }
 };
 
@@ -93,6 +106,35 @@ class device_runtime {
   [[nodiscard]] virtual bool query(device_event event) = 0;
   /// Blocks the host until the work `event` captured completed: a host synchronisation.
   virtual void synchronize(device_event event) = 0;
+
+  // ---- host staging (optional: a runtime without it throws usage_error) ------------------------
+
+  /// `bytes` of page-locked host memory, which copies to and from the device can use without
+  /// blocking the host (CUDA: `cudaHostAlloc`). Never null for `bytes` > 0.
+  [[nodiscard]] virtual void* allocate_host(std::size_t bytes) {
+    (void)bytes;
+    throw unsupported("allocate_host");
+  }
+  /// Frees memory from `allocate_host`; no copy may still use it. Null is ignored.
+  virtual void deallocate_host(void* memory) noexcept { (void)memory; }
+  /// A new gate, closed (owned by the caller until `destroy_gate`).
+  [[nodiscard]] virtual device_gate create_gate() { throw unsupported("create_gate"); }
+  /// Work enqueued on `stream` after this call waits until `gate` is opened; the host does not block.
+  virtual void wait_gate(device_stream stream, device_gate gate) {
+    (void)stream;
+    (void)gate;
+    throw unsupported("wait_gate");
+  }
+  /// Opens `gate`, from any thread: streams waiting on it go on. Opening it again does nothing.
+  virtual void open_gate(device_gate gate) noexcept { (void)gate; }
+  /// Destroys a gate; allowed while a stream still waits on it only once it is open.
+  virtual void destroy_gate(device_gate gate) noexcept { (void)gate; }
+
+ private:
+  [[nodiscard]] usage_error unsupported(const char* operation) const {
+    return usage_error(-1, std::string("device_runtime::") + operation,
+                       "the " + std::string(name()) + " runtime does not stage through host memory");
+  }
 };
 
 /// Where a communicator's collectives run on a device (see the file comment).

@@ -11,11 +11,13 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <ddp/bucketer.hpp>
 #include <ddp/buffer_reducer.hpp>
+#include <ddp/staged/communicator.hpp>
 #include <ddp/testing/emulated.hpp>
 #include <ddp/join.hpp>
 #include <ddp/strategies/allreduce.hpp>
@@ -39,18 +41,27 @@ inline float average_of(int size, std::size_t g, std::size_t k, int t) {
 // Equal up to the rounding of f32 (the rule multiplies by 1/size first, backends sum in their order).
 inline bool close(float got, float want) { return std::fabs(got - want) <= 1e-5F * (1.0F + std::fabs(want)); }
 
-// One rank's emulated device: a runtime, the device communicator over `host`, a compute stream.
-struct rig {
+// One rank's emulated device: a runtime, the device communicator over `host` (`Comm`: the
+// emulated device communicator, or the staged one), a compute stream.
+template <class Comm>
+struct basic_rig {
   emu::runtime rt;
-  emu::communicator comm;
+  Comm comm;
   ddp::device_stream compute;
-  rig(ddp::communicator_ref host, int ordinal = 0)
-      : rt(host.rank()), comm(host, rt, ordinal), compute(rt.create_stream(ddp::device::cuda(ordinal))) {}
-  rig(const rig&) = delete;
-  rig& operator=(const rig&) = delete;
-  ~rig() {
+  basic_rig(ddp::communicator_ref host, int ordinal = 0)
+      : rt(host.rank()), comm(make(host, rt, ordinal)), compute(rt.create_stream(ddp::device::cuda(ordinal))) {}
+  basic_rig(const basic_rig&) = delete;
+  basic_rig& operator=(const basic_rig&) = delete;
+  ~basic_rig() {
     rt.run_ready();
     rt.destroy_stream(compute);
+  }
+  static Comm make(ddp::communicator_ref host, emu::runtime& rt, int ordinal) {
+    if constexpr (std::is_same_v<Comm, emu::communicator>) {
+      return Comm(host, rt, ordinal);
+    } else {
+      return Comm(host, rt, ddp::device::cuda(ordinal));
+    }
   }
 
   // Waits on the host for everything enqueued on the compute stream so far.
@@ -61,6 +72,8 @@ struct rig {
     rt.destroy_event(e);
   }
 };
+using rig = basic_rig<emu::communicator>;
+using staged_rig = basic_rig<ddp::staged::communicator>;
 
 // `n` floats of device memory, released with the rig's runtime.
 struct device_floats {
@@ -94,8 +107,9 @@ void expect_usage_error(F&& f, const std::string& needle, const std::string& wha
 // held (the backward kernels have not run), nothing may read the gradients, so after mark_ready
 // and finalize the buckets and gradients are untouched; the step needs no host sync; once the
 // stream runs, the gradients hold the average.
-inline void bucketer_copy_path(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void bucketer_copy_path(ddp::communicator_ref host) {
+  Rig d(host);
   const int rank = host.rank();
   const std::vector<std::size_t> sizes{7, 300, 64, 1, 129};
   std::vector<device_floats> grads;
@@ -151,8 +165,9 @@ inline void bucketer_copy_path(ddp::communicator_ref host) {
 
 // The trainer passes the event that produced each gradient (recorded on a stream of its own), and
 // waits with finalize_blocking(): the averages are there when it returns.
-inline void bucketer_events_and_blocking(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void bucketer_events_and_blocking(ddp::communicator_ref host) {
+  Rig d(host);
   const int rank = host.rank();
   ddp::device_stream side = d.rt.create_stream(ddp::device::cuda(0));
   std::vector<device_floats> grads;
@@ -191,8 +206,9 @@ inline void bucketer_events_and_blocking(ddp::communicator_ref host) {
 }
 
 // Zero-copy: the trainer's kernels write into gradient_view(i), which is device memory of the bucket.
-inline void bucketer_zero_copy(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void bucketer_zero_copy(ddp::communicator_ref host) {
+  Rig d(host);
   const int rank = host.rank();
   std::vector<device_floats> shapes;  // registered for their shapes only
   for (std::size_t n : {10U, 20U, 30U}) shapes.emplace_back(d.rt, n, d.compute);
@@ -231,8 +247,9 @@ inline void bucketer_zero_copy(ddp::communicator_ref host) {
 }
 
 // Clear errors for what device buckets cannot do, or cannot know.
-inline void bucketer_errors(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void bucketer_errors(ddp::communicator_ref host) {
+  Rig d(host);
   device_floats g(d.rt, 8, d.compute);
   std::vector<float> on_host(8);
   {
@@ -264,8 +281,9 @@ inline void bucketer_errors(ddp::communicator_ref host) {
 // BufferReducer over device buffers: a mean (the backend's average), a broadcast from rank 0 and a
 // max; the strategies' collectives are enqueued on the stream and the reducer's control messages
 // are staged.
-inline void buffer_reducer_on_device(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void buffer_reducer_on_device(ddp::communicator_ref host) {
+  Rig d(host);
   const int rank = host.rank();
   device_floats mean(d.rt, 6, d.comm.device_queue().stream);
   device_floats from_root(d.rt, 4, d.comm.device_queue().stream);
@@ -293,8 +311,9 @@ inline void buffer_reducer_on_device(ddp::communicator_ref host) {
 // BufferReducer in one JoinContext. A joined rank shadows with device zeros (its buckets are
 // zeroed on the stream) and its max buffer contributes the identity; at the end every rank holds
 // the authoritative rank's parameters (the final broadcast of device parameters).
-inline void join_on_device(ddp::communicator_ref host) {
-  rig d(host);
+template <class Rig = rig>
+void join_on_device(ddp::communicator_ref host) {
+  Rig d(host);
   const int rank = host.rank();
   const int size = host.size();
   device_floats param(d.rt, 16, d.compute);
@@ -344,13 +363,16 @@ inline void join_on_device(ddp::communicator_ref host) {
   }
 }
 
-inline void run_all(ddp::communicator_ref host) {
-  bucketer_copy_path(host);
-  bucketer_events_and_blocking(host);
-  bucketer_zero_copy(host);
-  bucketer_errors(host);
-  buffer_reducer_on_device(host);
-  join_on_device(host);
+// Every case over the device communicator of `Rig`: `rig` (the emulated device communicator) or
+// `staged_rig` (ddp::staged::communicator, the host copies behind gates).
+template <class Rig = rig>
+void run_all(ddp::communicator_ref host) {
+  bucketer_copy_path<Rig>(host);
+  bucketer_events_and_blocking<Rig>(host);
+  bucketer_zero_copy<Rig>(host);
+  bucketer_errors<Rig>(host);
+  buffer_reducer_on_device<Rig>(host);
+  join_on_device<Rig>(host);
 }
 
 }  // namespace device_cases

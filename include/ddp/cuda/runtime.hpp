@@ -10,8 +10,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +80,35 @@ namespace detail {
   }
   return true;
 }
+
+/// A gate: a flag the host opens and the host functions of waiting streams block on; freed by
+/// the last of its owner and those host functions.
+struct gate_state {
+  std::mutex m;
+  std::condition_variable opened;
+  bool is_open = false;
+  std::atomic<int> refs{1};  // the owner's
+
+  void open() noexcept {
+    {
+      std::lock_guard lk(m);
+      is_open = true;
+    }
+    opened.notify_all();
+  }
+  void release() noexcept {
+    if (refs.fetch_sub(1) == 1) delete this;
+  }
+  // A host function (cudaHostFn_t): runs on CUDA's callback thread, makes no CUDA call.
+  static void CUDART_CB wait_and_release(void* self) {
+    auto* g = static_cast<gate_state*>(self);
+    {
+      std::unique_lock lk(g->m);
+      g->opened.wait(lk, [g] { return g->is_open; });
+    }
+    g->release();
+  }
+};
 
 }  // namespace detail
 
@@ -233,6 +265,39 @@ class runtime final : public device_runtime {
   /// @throws communication_error
   void synchronize(device_event event) override {
     check_cuda(cudaEventSynchronize(native(event)), rank_, "cuda::runtime::synchronize", "cudaEventSynchronize");
+  }
+
+  // ---- host staging ---------------------------------------------------------------------------
+
+  /// `cudaHostAlloc` (page-locked, portable). Null for 0 bytes. @throws communication_error
+  [[nodiscard]] void* allocate_host(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* memory = nullptr;
+    check_cuda(cudaHostAlloc(&memory, bytes, cudaHostAllocPortable), rank_, "cuda::runtime::allocate_host",
+               "cudaHostAlloc");
+    return memory;
+  }
+  /// `cudaFreeHost` (which waits for the device: free outside the hot path). Errors are dropped.
+  void deallocate_host(void* memory) noexcept override {
+    if (memory != nullptr && cudaFreeHost(memory) != cudaSuccess) (void)cudaGetLastError();
+  }
+  /// A host-side flag; the stream waits for it in a host function (`cudaLaunchHostFunc`) that
+  /// blocks until the gate opens. Host functions of a process may run one at a time: a stream
+  /// behind a closed gate can delay the host functions of other streams, never the device's work.
+  [[nodiscard]] device_gate create_gate() override { return {new detail::gate_state()}; }
+  /// @throws communication_error
+  void wait_gate(device_stream stream, device_gate gate) override {
+    auto* g = static_cast<detail::gate_state*>(gate.native);
+    g->refs.fetch_add(1);
+    const cudaError_t status = cudaLaunchHostFunc(native(stream), &detail::gate_state::wait_and_release, g);
+    if (status != cudaSuccess) g->release();
+    check_cuda(status, rank_, "cuda::runtime::wait_gate", "cudaLaunchHostFunc");
+  }
+  void open_gate(device_gate gate) noexcept override {
+    if (gate.native != nullptr) static_cast<detail::gate_state*>(gate.native)->open();
+  }
+  void destroy_gate(device_gate gate) noexcept override {
+    if (gate.native != nullptr) static_cast<detail::gate_state*>(gate.native)->release();
   }
 
  private:

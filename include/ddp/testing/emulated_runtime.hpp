@@ -28,6 +28,7 @@
 #include <ddp/error.hpp>
 #include <ddp/tensor.hpp>
 #include <ddp/work.hpp>
+#include <ddp/testing/emulated_host_side.hpp>
 
 namespace ddp::emulated_device {
 
@@ -212,6 +213,24 @@ class runtime final : public device_runtime {
       }
     }
   }
+
+  // ---- host staging (emulated_host_side.hpp): gates are steps that wait for a flag ------------
+
+  [[nodiscard]] void* allocate_host(std::size_t bytes) override { return host_.allocate(bytes); }
+  /// An unknown pointer is counted by `bad_frees()` and left alone.
+  void deallocate_host(void* memory) noexcept override {
+    if (!host_.deallocate(memory)) bad_frees_.fetch_add(1);
+  }
+  [[nodiscard]] device_gate create_gate() override { return host_.create_gate(); }
+  /// @throws usage_error for a gate that is not live
+  void wait_gate(device_stream stream, device_gate gate) override {
+    enqueue_step(stream, "emulated_device::wait_gate",
+                 step::run_step([g = host_.flag(gate, rank_)] { return g->load(); }));
+  }
+  void open_gate(device_gate gate) noexcept override { host_.open_gate(gate); }
+  void destroy_gate(device_gate gate) noexcept override { host_.destroy_gate(gate); }
+  /// Gates, and host allocations, not destroyed or freed yet.
+  [[nodiscard]] const detail::host_side& host_side() const noexcept { return host_; }
 
   // ---- emulation (not in the interface) -------------------------------------------------------
 
@@ -570,6 +589,7 @@ class runtime final : public device_runtime {
   int next_stream_id_ = 1;
   std::map<void*, std::shared_ptr<event_state>> events_;
   std::map<std::byte*, allocation> allocs_;
+  detail::host_side host_{alignment};
 
   std::atomic<std::size_t> host_syncs_{0};
   std::atomic<std::size_t> copies_{0};
