@@ -66,7 +66,8 @@ void every_collective(ddp::communicator_ref host) {
     float* to_scatter = device_floats(rt, 2 * static_cast<std::size_t>(n), [&](std::size_t i) {
       return static_cast<float>(i + static_cast<std::size_t>(r));
     });
-    float* premul = device_floats(rt, 5, [&](std::size_t i) { return static_cast<float>(r + 1) * static_cast<float>(i); });
+    float* premul =
+        device_floats(rt, 5, [&](std::size_t i) { return static_cast<float>(r + 1) * static_cast<float>(i); });
 
     const std::size_t syncs = rt.host_syncs();
     const ddp::tensor_view two[] = {dview(a, 1000), dview(b, 3)};
@@ -74,8 +75,8 @@ void every_collective(ddp::communicator_ref host) {
     works.push_back(c.allreduce(two, ddp::reduce_op::sum));
     works.push_back(broadcast(c, dview(b, 3), n - 1));
     works.push_back(c.allgather(dview(mine, 4), dview(gathered, 4 * static_cast<std::size_t>(n))));
-    works.push_back(c.reduce_scatter(dview(to_scatter, 2 * static_cast<std::size_t>(n)), dview(scattered, 2),
-                                     ddp::reduce_op::sum));
+    works.push_back(
+        c.reduce_scatter(dview(to_scatter, 2 * static_cast<std::size_t>(n)), dview(scattered, 2), ddp::reduce_op::sum));
     const ddp::tensor_view p1[] = {dview(premul, 5)};
     works.push_back(c.allreduce_premul_sum(p1, 0.5));
     works.push_back(c.barrier());
@@ -92,7 +93,8 @@ void every_collective(ddp::communicator_ref host) {
     const float sum_ranks = static_cast<float>(n * (n + 1) / 2);
     SUITE_EXPECT(seen_a == sum_ranks * 6.0F, "the kernel after the allreduce saw " << seen_a);
     // b was summed first (every rank's 10 r + i), then broadcast from the last rank.
-    SUITE_EXPECT(seen_b == static_cast<float>(5 * n * (n - 1) + 2 * n), "the kernel after the broadcast saw " << seen_b);
+    SUITE_EXPECT(seen_b == static_cast<float>(5 * n * (n - 1) + 2 * n),
+                 "the kernel after the broadcast saw " << seen_b);
     for (std::size_t i = 0; i < 1000; ++i) {
       SUITE_EXPECT(a[i] == sum_ranks * static_cast<float>(i % 7), "allreduce a[" << i << "] = " << a[i]);
     }
@@ -104,7 +106,8 @@ void every_collective(ddp::communicator_ref host) {
     }
     for (std::size_t i = 0; i < 2; ++i) {
       float want = 0;
-      for (int q = 0; q < n; ++q) want += static_cast<float>(2 * static_cast<std::size_t>(r) + i + static_cast<std::size_t>(q));
+      for (int q = 0; q < n; ++q)
+        want += static_cast<float>(2 * static_cast<std::size_t>(r) + i + static_cast<std::size_t>(q));
       SUITE_EXPECT(scattered[i] == want, "reduce_scatter [" << i << "] = " << scattered[i] << ", want " << want);
     }
     for (std::size_t i = 0; i < 5; ++i) {
@@ -184,7 +187,8 @@ TEST_CASE("staged communicator: a dead peer and abort fail the works and open th
           w.wait_for(5s);
           SUITE_EXPECT(false, "the allreduce without its peer completed");
         } catch (const ddp::error& e) {
-          SUITE_EXPECT(std::string(e.what()).find("allreduce") != std::string::npos, "names the collective: " << e.what());
+          SUITE_EXPECT(std::string(e.what()).find("allreduce") != std::string::npos,
+                       "names the collective: " << e.what());
         }
         try {
           later.wait_for(5s);
@@ -220,8 +224,11 @@ TEST_CASE("staged communicator: wrong memory is a usage_error naming the call", 
       }
     };
     expect_error([&] { (void)c.allreduce(mixed, ddp::reduce_op::sum); }, "mixes host and device memory");
-    expect_error([&] { (void)allreduce(c, ddp::tensor_view{a, 4, ddp::dtype::f32, ddp::device::cuda(1)}, ddp::reduce_op::sum); },
-                 "cuda:1");
+    expect_error(
+        [&] {
+          (void)allreduce(c, ddp::tensor_view{a, 4, ddp::dtype::f32, ddp::device::cuda(1)}, ddp::reduce_op::sum);
+        },
+        "cuda:1");
     expect_error([&] { ddp::staged::communicator bad(host, rt, ddp::device::host()); }, "not a device");
     rt.deallocate(a, c.device_queue().stream);
   });

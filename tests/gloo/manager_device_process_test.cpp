@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -20,6 +21,7 @@
 #include <ddp/bucketing/fixed.hpp>
 #include <ddp/gloo.hpp>
 #include <ddp/manager.hpp>
+#include <ddp/staged/communicator.hpp>
 #include <ddp/stores/file_store.hpp>
 #include <ddp/testing/emulated.hpp>
 
@@ -35,14 +37,14 @@ namespace {
 constexpr std::size_t dim = gloo_test::dim;
 const ddp::device gpu0 = ddp::device::cuda(0);
 
-// A quorum's communicator of a device replica: the emulated device over gloo, on the replica's
-// stream (it outlives the communicator; the gloo communicator is owned here, destroyed last).
+// A quorum's communicator of a device replica, over gloo, on the replica's stream (it outlives
+// the communicator; the gloo communicator is owned here, destroyed last): the emulated device
+// communicator, or the staged one (ddp::staged::communicator: host copies behind gates).
+template <class Device>
 class device_comm {
  public:
   device_comm(ddp::gloo::communicator host, ddp::emulated_device::runtime& rt, ddp::device_stream stream)
-      : host_(std::make_unique<ddp::gloo::communicator>(std::move(host))),
-        dev_(std::make_unique<ddp::emulated_device::communicator>(
-            *host_, rt, 0, ddp::emulated_device::options{.timeout = 5s, .stream = stream})) {}
+      : host_(std::make_unique<ddp::gloo::communicator>(std::move(host))), dev_(make(*host_, rt, stream)) {}
   [[nodiscard]] int rank() const { return dev_->rank(); }
   [[nodiscard]] int size() const { return dev_->size(); }
   ddp::work allreduce(std::span<const ddp::tensor_view> ts, ddp::reduce_op op) { return dev_->allreduce(ts, op); }
@@ -59,10 +61,18 @@ class device_comm {
   [[nodiscard]] ddp::device_queue device_queue() const { return dev_->device_queue(); }
 
  private:
+  static std::unique_ptr<Device> make(ddp::gloo::communicator& host, ddp::emulated_device::runtime& rt,
+                                      ddp::device_stream stream) {
+    if constexpr (std::is_same_v<Device, ddp::staged::communicator>) {
+      return std::make_unique<Device>(host, rt, gpu0, ddp::staged::options{.timeout = 5s, .stream = stream});
+    } else {
+      return std::make_unique<Device>(host, rt, 0, ddp::emulated_device::options{.timeout = 5s, .stream = stream});
+    }
+  }
   std::unique_ptr<ddp::gloo::communicator> host_;
-  std::unique_ptr<ddp::emulated_device::communicator> dev_;  // declared last: destroyed first
+  std::unique_ptr<Device> dev_;  // declared last: destroyed first
 };
-static_assert(ddp::device_communicator<device_comm>);
+static_assert(ddp::device_communicator<device_comm<ddp::staged::communicator>>);
 
 // One replica's parameters, momentum and gradient: host vectors, or device memory of `rt`.
 class replica_memory {
@@ -116,9 +126,13 @@ class replica_memory {
   double* dev_[3] = {nullptr, nullptr, nullptr};
 };
 
+// How a device replica's quorum communicator reaches the others.
+enum class transport { emulated, staged };
+
 struct replica_plan {
   std::string id;
   bool on_device = false;
+  transport over = transport::emulated;
   std::int64_t start_after = 0;  // waits until the job committed this many steps
   std::int64_t kill_at = -1;     // SIGKILLs itself after start_quorum() of this step
 };
@@ -164,7 +178,11 @@ void train(const std::filesystem::path& dir, const replica_plan& plan, std::int6
       [&](const ddp::quorum_info& q) {
         ddp::gloo::communicator host(q.store, q.rank, q.size, go);
         if (!plan.on_device) return ddp::any_communicator(std::move(host));
-        return ddp::any_communicator(device_comm(std::move(host), *rt, replica_stream));
+        if (plan.over == transport::staged) {
+          return ddp::any_communicator(device_comm<ddp::staged::communicator>(std::move(host), *rt, replica_stream));
+        }
+        return ddp::any_communicator(
+            device_comm<ddp::emulated_device::communicator>(std::move(host), *rt, replica_stream));
       },
       state, opts);
   bool new_quorum = true;
@@ -234,16 +252,15 @@ void train(const std::filesystem::path& dir, const replica_plan& plan, std::int6
 
 }  // namespace
 
-TEST_CASE(
-    "Manager with device gradients over gloo processes: a device replica SIGKILLed mid-step, restarted, "
-    "heals bit-identical to the host replica",
-    "[manager][device]") {
+namespace {
+
+void run_job(transport over) {
   temp_dir dir("manager-device");
   constexpr std::int64_t last = 30;
   const std::vector<replica_plan> plans{{.id = "h"},
-                                        {.id = "d1", .on_device = true},
-                                        {.id = "d2", .on_device = true, .kill_at = 8},
-                                        {.id = "d2", .on_device = true, .start_after = 12}};
+                                        {.id = "d1", .on_device = true, .over = over},
+                                        {.id = "d2", .on_device = true, .over = over, .kill_at = 8},
+                                        {.id = "d2", .on_device = true, .over = over, .start_after = 12}};
   gloo_test::process_group group(
       4, [&](int rank, const gloo_test::reporter&) { train(dir.path(), plans[static_cast<std::size_t>(rank)], last); });
   const auto outs = group.wait_all(90s);
@@ -276,4 +293,20 @@ TEST_CASE(
     CHECK(v.substr(0, v.find(' ')) == "0");
     CHECK(std::stoi(v.substr(v.find(' ') + 1)) <= 1);
   }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Manager with device gradients over gloo processes: a device replica SIGKILLed mid-step, restarted, "
+    "heals bit-identical to the host replica",
+    "[manager][device]") {
+  run_job(transport::emulated);
+}
+
+TEST_CASE(
+    "Manager with device gradients over the staged communicator (host copies over gloo behind gates): a device "
+    "replica SIGKILLed mid-step, restarted, heals bit-identical to the host replica",
+    "[manager][device][staged]") {
+  run_job(transport::staged);
 }

@@ -99,9 +99,9 @@ struct state {
     for (unsigned idle = 0; !rt->query(e); ++idle) {
       if (aborted.load()) throw communication_error(rank, info.describe(), "the communicator was aborted");
       if (clock::now() >= deadline) {
-        throw timeout_error(rank, info.describe(),
-                            "the copies to host memory did not complete within " +
-                                std::to_string(opts.timeout.count()) + " ms");
+        throw timeout_error(
+            rank, info.describe(),
+            "the copies to host memory did not complete within " + std::to_string(opts.timeout.count()) + " ms");
       }
       if (idle < 64) {
         std::this_thread::yield();
@@ -151,7 +151,8 @@ struct state {
 /// collective's error.
 class staged_work final : public work_state {
  public:
-  staged_work(std::shared_ptr<state> s, std::shared_ptr<job> j) : work_state(j->info), s_(std::move(s)), j_(std::move(j)) {}
+  staged_work(std::shared_ptr<state> s, std::shared_ptr<job> j)
+      : work_state(j->info), s_(std::move(s)), j_(std::move(j)) {}
 
   bool poll() override {
     if (!j_->finished.load(std::memory_order_acquire)) return false;
@@ -256,9 +257,8 @@ class communicator : public single_tensor_calls<communicator> {
   work allreduce(std::span<const tensor_view> ts, reduce_op op) {
     const bool host = on_host("allreduce", ts, op, -1);
     const op_info info = contract::check_allreduce(caller("allreduce", host), ts, op);
-    return submit_list(info, ts, host, true, [op](communicator_ref c, std::span<const tensor_view> vs) {
-      return c.allreduce(vs, op);
-    });
+    return submit_list(info, ts, host, true,
+                       [op](communicator_ref c, std::span<const tensor_view> vs) { return c.allreduce(vs, op); });
   }
 
   /// In-place sum of every rank's floating-point values first multiplied by `factor`
@@ -268,7 +268,8 @@ class communicator : public single_tensor_calls<communicator> {
   work allreduce_premul_sum(std::span<const tensor_view> ts, double factor) {
     const bool host = on_host("allreduce", ts, reduce_op::sum, -1);
     const op_info info = contract::check_allreduce(caller("allreduce", host), ts, reduce_op::sum);
-    if (!std::isfinite(factor)) throw usage_error(rank(), info.describe(), "the pre-multiplication factor is not finite");
+    if (!std::isfinite(factor))
+      throw usage_error(rank(), info.describe(), "the pre-multiplication factor is not finite");
     return submit_list(info, ts, host, true, [factor](communicator_ref c, std::span<const tensor_view> vs) {
       if (c.has_premul_sum()) return c.allreduce_premul_sum(vs, factor);
       for (const tensor_view& v : vs) ddp::detail::scale_in_place(v.type, v.data, v.count, factor);
@@ -308,9 +309,8 @@ class communicator : public single_tensor_calls<communicator> {
   /// @throws usage_error after `abort()`
   work barrier() {
     const op_info info = contract::check_barrier(caller("barrier", false));
-    return submit_list(info, {}, false, false, [](communicator_ref c, std::span<const tensor_view>) {
-      return c.barrier();
-    });
+    return submit_list(info, {}, false, false,
+                       [](communicator_ref c, std::span<const tensor_view>) { return c.barrier(); });
   }
 
   /// Aborts the host communicator: the collective running fails, and every later one; gates open,
@@ -338,8 +338,8 @@ class communicator : public single_tensor_calls<communicator> {
     op_info info = contract::detail::start_info(caller(name, true), name, op, root);
     info.type = ts.front().type;
     throw usage_error(rank(), info.describe(),
-                      "mixes host and device memory: " + std::string(backend_name) + " takes every tensor of a call on " +
-                          s_->where.str() + ", or every one in host memory");
+                      "mixes host and device memory: " + std::string(backend_name) +
+                          " takes every tensor of a call on " + s_->where.str() + ", or every one in host memory");
   }
 
   // Returns the buffers of collectives whose copies back completed to the pool.
@@ -441,14 +441,14 @@ class communicator : public single_tensor_calls<communicator> {
     j->buffer = s_->pool.take(out_at + out.bytes());
     std::byte* hout = j->buffer.data + out_at;
     // In place: the input is a block of the output; its host copy is that block of the host output.
-    std::byte* hin = in_place ? hout + (static_cast<const std::byte*>(in.data) - static_cast<const std::byte*>(out.data))
-                              : j->buffer.data;
+    std::byte* hin = in_place
+                         ? hout + (static_cast<const std::byte*>(in.data) - static_cast<const std::byte*>(out.data))
+                         : j->buffer.data;
     const copy_region to_host[] = {{hin, in.data, in.bytes()}};
     const copy_region back[] = {{out.data, hout, out.bytes()}};
     j->issue = [hin = tensor_view{hin, in.count, in.type, device::host()},
-                hout = tensor_view{hout, out.count, out.type, device::host()}, issue](communicator_ref c) {
-      return issue(c, hin, hout);
-    };
+                hout = tensor_view{hout, out.count, out.type, device::host()},
+                issue](communicator_ref c) { return issue(c, hin, hout); };
     return run_device(j, to_host, back);
   }
 
