@@ -17,6 +17,7 @@
 #include <ddp/error.hpp>
 #include <ddp/nccl/error.hpp>
 #include <ddp/nccl/event.hpp>
+#include <ddp/nccl/nonblocking.hpp>
 #include <ddp/nccl/options.hpp>
 #include <ddp/work.hpp>
 
@@ -34,8 +35,9 @@ class comm_state {
   comm_state& operator=(const comm_state&) = delete;
 
   /// Nothing here can report an error, so failures are ignored. A healthy communicator is
-  /// destroyed (`ncclCommDestroy` waits for its in-flight collectives); one that failed, was
-  /// revoked or reports an asynchronous error is aborted, which never waits for peers.
+  /// destroyed (`ncclCommDestroy` waits for its in-flight collectives; a non-blocking one is
+  /// finalized first, up to `opts.timeout`); one that failed, was revoked or reports an
+  /// asynchronous error is aborted, which never waits for peers.
   ~comm_state() {
     int previous = device;
     const bool switched =
@@ -44,7 +46,12 @@ class comm_state {
       ncclResult_t async = ncclSuccess;
       const bool clean =
           status_ == comm_status::healthy && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess;
-      (void)(clean ? ncclCommDestroy(comm) : ncclCommAbort(comm));
+      if (clean && opts.bounded_init) {  // non-blocking: finalize, wait for it, then destroy
+        const ncclResult_t finalized = settle(comm, ncclCommFinalize(comm), clock::now() + opts.timeout);
+        (void)(finalized == ncclSuccess ? ncclCommDestroy(comm) : ncclCommAbort(comm));
+      } else {
+        (void)(clean ? ncclCommDestroy(comm) : ncclCommAbort(comm));
+      }
     }
     if (barrier_buffer != nullptr) (void)cudaFree(barrier_buffer);
     if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);

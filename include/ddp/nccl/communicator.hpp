@@ -39,6 +39,7 @@
 #include <ddp/nccl/event.hpp>
 #include <ddp/nccl/features.hpp>
 #include <ddp/nccl/group_guard.hpp>
+#include <ddp/nccl/nonblocking.hpp>
 #include <ddp/nccl/options.hpp>
 #include <ddp/nccl/types.hpp>
 #include <ddp/nccl/unique_id.hpp>
@@ -60,8 +61,10 @@ enum class shrink_mode : unsigned char {
 /// (unless `options::stream` supplies one). Move-only.
 class communicator {
  public:
-  /// Creates this rank's communicator (`ncclCommInitRankConfig`, blocking until all `size`
-  /// ranks called it with the same id). Collective over the clique.
+  /// Creates this rank's communicator (`ncclCommInitRankConfig`): returns once all `size` ranks
+  /// called it with the same id, or, with `options::bounded_init` (the default), throws
+  /// `timeout_error` at `options::init_timeout` after aborting the half-made communicator.
+  /// Collective over the clique.
   /// @pre every rank passes the same `id` and a distinct `rank` in [0, size)
   /// @throws usage_error when no CUDA device is visible ("no CUDA device visible on rank r: ..."),
   ///         `device` is out of range, or rank/size are inconsistent
@@ -77,12 +80,32 @@ class communicator {
     auto state = std::make_shared<detail::comm_state>(rank, size, device, std::move(opts));
     state->acquire(operation);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
+    config.blocking = state->opts.bounded_init ? 0 : 1;
     if (!state->opts.name.empty()) config.commName = state->opts.name.c_str();
-    // Kept out of `state` until it succeeded: a failed init is cleaned up by NCCL itself.
+    // Kept out of `state` until it succeeded: a failed blocking init is cleaned up by NCCL itself,
+    // a non-blocking one that failed or ran out of time is aborted here.
     ncclComm_t comm = nullptr;
-    check_nccl(ncclCommInitRankConfig(&comm, size, id.native, rank, &config), rank, operation,
-               "ncclCommInitRankConfig");
+    const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id.native, rank, &config);
+    if (!state->opts.bounded_init || comm == nullptr) {
+      check_nccl(started, rank, operation, "ncclCommInitRankConfig");
+    } else {
+      const auto within =
+          state->opts.init_timeout > std::chrono::milliseconds(0) ? state->opts.init_timeout : state->opts.timeout;
+      const ncclResult_t r = detail::settle(comm, started, clock::now() + within);
+      if (r == ncclInProgress) {
+        (void)ncclCommAbort(comm);
+        throw timeout_error(rank, operation,
+                            "ncclCommInitRankConfig: the clique of " + std::to_string(size) +
+                                " ranks did not form within " + std::to_string(within.count()) +
+                                " ms (a rank never called create with this id, or died after it was shared); "
+                                "the communicator was aborted (ncclCommAbort)");
+      }
+      if (r != ncclSuccess) {
+        communication_error e = make_nccl_error(r, rank, operation, "ncclCommInitRankConfig", comm);
+        (void)ncclCommAbort(comm);
+        throw e;
+      }
+    }
     state->comm = comm;
     return communicator(std::move(state));
   }
@@ -154,8 +177,8 @@ class communicator {
     const op_info info = contract::check_allreduce(caller(), ts, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
-        check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), to_nccl(op), comm, stream()), rank(), what,
-                   "ncclAllReduce", comm);
+        check_enqueued(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), to_nccl(op), comm, stream()), rank(),
+                       what, "ncclAllReduce", comm);
       });
     });
   }
@@ -190,8 +213,8 @@ class communicator {
       premul_ops ops(comm, rank(), what, ts.size());
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
         const ncclRedOp_t op = is_floating(t.type) ? ops.create(t.type, factor) : ncclSum;
-        check_nccl(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), op, comm, stream()), rank(), what,
-                   "ncclAllReduce", comm);
+        check_enqueued(ncclAllReduce(t.data, t.data, t.count, to_nccl(t.type), op, comm, stream()), rank(), what,
+                       "ncclAllReduce", comm);
       });
     });
   }
@@ -210,8 +233,8 @@ class communicator {
     const op_info info = contract::check_broadcast(caller(), ts, root);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       each_in_group(ts, what, comm, [&](const tensor_view& t) {
-        check_nccl(ncclBroadcast(t.data, t.data, t.count, to_nccl(t.type), root, comm, stream()), rank(), what,
-                   "ncclBroadcast", comm);
+        check_enqueued(ncclBroadcast(t.data, t.data, t.count, to_nccl(t.type), root, comm, stream()), rank(), what,
+                       "ncclBroadcast", comm);
       });
     });
   }
@@ -233,8 +256,8 @@ class communicator {
     const op_info info = contract::check_allgather(caller(), in, out);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (in.count == 0) return;
-      check_nccl(ncclAllGather(in.data, out.data, in.count, to_nccl(in.type), comm, stream()), rank(), what,
-                 "ncclAllGather", comm);
+      check_enqueued(ncclAllGather(in.data, out.data, in.count, to_nccl(in.type), comm, stream()), rank(), what,
+                     "ncclAllGather", comm);
     });
   }
 
@@ -255,8 +278,8 @@ class communicator {
     const op_info info = contract::check_reduce_scatter(caller(), in, out, op);
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
       if (out.count == 0) return;
-      check_nccl(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), comm, stream()), rank(),
-                 what, "ncclReduceScatter", comm);
+      check_enqueued(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.type), to_nccl(op), comm, stream()),
+                     rank(), what, "ncclReduceScatter", comm);
     });
   }
 
@@ -265,8 +288,9 @@ class communicator {
   work barrier() {
     const op_info info = contract::check_barrier(caller());
     return issue(info, [&](ncclComm_t comm, const std::string& what) {
-      check_nccl(ncclAllReduce(state_->barrier_buffer, state_->barrier_buffer, 1, ncclInt32, ncclSum, comm, stream()),
-                 rank(), what, "ncclAllReduce", comm);
+      check_enqueued(
+          ncclAllReduce(state_->barrier_buffer, state_->barrier_buffer, 1, ncclInt32, ncclSum, comm, stream()), rank(),
+          what, "ncclAllReduce", comm);
     });
   }
 
@@ -337,9 +361,11 @@ class communicator {
     next->acquire(operation);
     const int flags = mode == shrink_mode::abort_pending ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
     ncclComm_t shrunk = nullptr;
-    check_nccl(ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &shrunk, nullptr, flags),
-               rank(), operation, "ncclCommShrink", comm);
-    next->comm = shrunk;
+    const ncclResult_t started =
+        ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &shrunk, nullptr, flags);
+    next->comm = shrunk;  // from here on `next` releases it (aborts it if it never finished)
+    detail::check_settled(started, shrunk != nullptr ? shrunk : comm, rank(), operation, "ncclCommShrink",
+                          state_->opts.timeout);
     if (mode == shrink_mode::abort_pending) {
       state_->mark_revoked("rank " + std::to_string(rank()) + " shrank it, aborting pending work");
     }
@@ -429,8 +455,8 @@ class communicator {
     ncclRedOp_t create_with(dtype type, Scalar scalar) {
       ncclRedOp_t op{};
       check_nccl(ncclRedOpCreatePreMulSum(&op, &scalar, to_nccl(type), ncclScalarHostImmediate, comm_), rank_, what_,
-                 "ncclRedOpCreatePreMulSum", comm_);
-      ops_.push_back(op);  // capacity reserved: cannot throw
+                 "ncclRedOpCreatePreMulSum", comm_);  // a local call: never ncclInProgress
+      ops_.push_back(op);                             // capacity reserved: cannot throw
       return op;
     }
 
@@ -455,7 +481,14 @@ class communicator {
     for (const tensor_view& t : ts) {
       if (t.count > 0) enqueue(t);
     }
-    group.end(comm);
+    group.end(comm, state_->opts.timeout);
+  }
+
+  // check_nccl for a collective's enqueue: on a non-blocking communicator it may report
+  // ncclInProgress, which is waited for (up to the timeout) before the stream may be used.
+  void check_enqueued(ncclResult_t started, int rank, std::string_view what, std::string_view call,
+                      ncclComm_t comm) const {
+    detail::check_settled(started, comm, rank, what, call, state_->opts.timeout);
   }
 
   // Common path of every collective: refuse after abort, select the device, enqueue, then record

@@ -5,10 +5,13 @@
 
 #include <nccl.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
 #include <ddp/nccl/error.hpp>
+#include <ddp/nccl/nonblocking.hpp>
+#include <ddp/work.hpp>
 
 namespace ddp::nccl {
 
@@ -30,11 +33,13 @@ class group_guard {
   }
 
   /// Closes the group, launching its operations.
-  /// @param comm  communicator of the grouped calls, for NCCL's detailed error text
-  /// @throws communication_error if `ncclGroupEnd` fails
-  void end(ncclComm_t comm = nullptr) {
+  /// @param comm    communicator of the grouped calls, for NCCL's detailed error text; on a
+  ///                non-blocking one, `ncclGroupEnd` may report ncclInProgress: it is waited for
+  /// @param within  how long to wait for that
+  /// @throws communication_error if `ncclGroupEnd` fails; timeout_error if still in progress
+  void end(ncclComm_t comm = nullptr, std::chrono::milliseconds within = default_timeout) {
     open_ = false;
-    check_nccl(ncclGroupEnd(), rank_, operation_, "ncclGroupEnd", comm);
+    detail::check_settled(ncclGroupEnd(), comm, rank_, operation_, "ncclGroupEnd", within);
   }
 
  private:

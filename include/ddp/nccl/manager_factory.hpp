@@ -17,6 +17,7 @@
 /// @endcode
 
 #include <memory>
+#include <string>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -87,7 +88,24 @@ class replica_stream {
 [[nodiscard]] inline communicator_factory manager_factory(int device, options opts = {}) {
   return [device, opts = std::move(opts)](const quorum_info& q) -> any_communicator {
     const unique_id id = share_unique_id(q.store, q.rank, "nccl_unique_id", q.connect_time_left(opts.timeout));
-    return any_communicator(communicator::create(id, q.rank, q.size, device, opts));
+    // The set-up ends with the quorum's connect deadline: a member that died after the id was
+    // shared costs the others that long, never more (options::bounded_init).
+    options mine = opts;
+    mine.bounded_init = true;
+    mine.init_timeout = q.connect_time_left(opts.timeout);
+    q.store.set("nccl_arrived/" + std::to_string(q.rank), as_bytes(std::string("1")));
+    try {
+      return any_communicator(communicator::create(id, q.rank, q.size, device, mine));
+    } catch (const timeout_error& e) {  // name the members that never arrived
+      std::string missing;
+      for (int r = 0; r < q.size; ++r) {
+        if (!q.store.get("nccl_arrived/" + std::to_string(r)))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw timeout_error(q.rank, e.operation(),
+                          e.message() + "; quorum ranks that never reached the set-up: " +
+                              (missing.empty() ? std::string("none (one died during it)") : missing));
+    }
   };
 }
 

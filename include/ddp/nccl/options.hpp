@@ -24,6 +24,14 @@ struct options {
   cudaStream_t stream = nullptr;
   /// Name shown in NCCL's logs (`ncclConfig_t::commName`); empty for none.
   std::string name{};
+  /// A set-up that cannot strand this rank: the communicator is created non-blocking
+  /// (`ncclConfig_t::blocking = 0`) and polled; if the clique has not formed by `init_timeout`
+  /// (a rank never called `create`, or died after the unique id was shared), it is aborted
+  /// (`ncclCommAbort`) and `create` throws `timeout_error`. Its later calls are waited for the
+  /// same way (`timeout` bounds each). false: NCCL's blocking set-up, which waits forever.
+  bool bounded_init = true;
+  /// Deadline of the set-up with `bounded_init`; 0: `timeout`.
+  std::chrono::milliseconds init_timeout{0};
 };
 
 }  // namespace ddp::nccl
