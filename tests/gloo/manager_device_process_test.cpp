@@ -13,7 +13,6 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -21,7 +20,7 @@
 #include <ddp/bucketing/fixed.hpp>
 #include <ddp/gloo.hpp>
 #include <ddp/manager.hpp>
-#include <ddp/staged/communicator.hpp>
+#include <ddp/staged/owning_communicator.hpp>
 #include <ddp/stores/file_store.hpp>
 #include <ddp/testing/emulated.hpp>
 
@@ -37,14 +36,14 @@ namespace {
 constexpr std::size_t dim = gloo_test::dim;
 const ddp::device gpu0 = ddp::device::cuda(0);
 
-// A quorum's communicator of a device replica, over gloo, on the replica's stream (it outlives
-// the communicator; the gloo communicator is owned here, destroyed last): the emulated device
-// communicator, or the staged one (ddp::staged::communicator: host copies behind gates).
-template <class Device>
+// A quorum's communicator of a device replica: the emulated device over gloo, on the replica's
+// stream (it outlives the communicator; the gloo communicator is owned here, destroyed last).
 class device_comm {
  public:
   device_comm(ddp::gloo::communicator host, ddp::emulated_device::runtime& rt, ddp::device_stream stream)
-      : host_(std::make_unique<ddp::gloo::communicator>(std::move(host))), dev_(make(*host_, rt, stream)) {}
+      : host_(std::make_unique<ddp::gloo::communicator>(std::move(host))),
+        dev_(std::make_unique<ddp::emulated_device::communicator>(
+            *host_, rt, 0, ddp::emulated_device::options{.timeout = 5s, .stream = stream})) {}
   [[nodiscard]] int rank() const { return dev_->rank(); }
   [[nodiscard]] int size() const { return dev_->size(); }
   ddp::work allreduce(std::span<const ddp::tensor_view> ts, ddp::reduce_op op) { return dev_->allreduce(ts, op); }
@@ -61,18 +60,11 @@ class device_comm {
   [[nodiscard]] ddp::device_queue device_queue() const { return dev_->device_queue(); }
 
  private:
-  static std::unique_ptr<Device> make(ddp::gloo::communicator& host, ddp::emulated_device::runtime& rt,
-                                      ddp::device_stream stream) {
-    if constexpr (std::is_same_v<Device, ddp::staged::communicator>) {
-      return std::make_unique<Device>(host, rt, gpu0, ddp::staged::options{.timeout = 5s, .stream = stream});
-    } else {
-      return std::make_unique<Device>(host, rt, 0, ddp::emulated_device::options{.timeout = 5s, .stream = stream});
-    }
-  }
   std::unique_ptr<ddp::gloo::communicator> host_;
-  std::unique_ptr<Device> dev_;  // declared last: destroyed first
+  std::unique_ptr<ddp::emulated_device::communicator> dev_;  // declared last: destroyed first
 };
-static_assert(ddp::device_communicator<device_comm<ddp::staged::communicator>>);
+static_assert(ddp::device_communicator<device_comm>);
+static_assert(ddp::device_communicator<ddp::staged::owning_communicator<ddp::gloo::communicator>>);
 
 // One replica's parameters, momentum and gradient: host vectors, or device memory of `rt`.
 class replica_memory {
@@ -178,11 +170,11 @@ void train(const std::filesystem::path& dir, const replica_plan& plan, std::int6
       [&](const ddp::quorum_info& q) {
         ddp::gloo::communicator host(q.store, q.rank, q.size, go);
         if (!plan.on_device) return ddp::any_communicator(std::move(host));
-        if (plan.over == transport::staged) {
-          return ddp::any_communicator(device_comm<ddp::staged::communicator>(std::move(host), *rt, replica_stream));
+        if (plan.over == transport::staged) {  // the library's owning wrapper (what the docs show)
+          return ddp::any_communicator(ddp::staged::owning_communicator<ddp::gloo::communicator>(
+              std::move(host), *rt, gpu0, {.timeout = 5s, .stream = replica_stream}));
         }
-        return ddp::any_communicator(
-            device_comm<ddp::emulated_device::communicator>(std::move(host), *rt, replica_stream));
+        return ddp::any_communicator(device_comm(std::move(host), *rt, replica_stream));
       },
       state, opts);
   bool new_quorum = true;
