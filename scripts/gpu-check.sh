@@ -219,7 +219,7 @@ set +e
 ctest_status=$?
 set -e
 cat "$ctest_log" >> "$log"
-grep -E 'Test +#[0-9]+:|tests passed|RESULT |BANDWIDTH |VERSIONS ' "$ctest_log" | sed -E 's/^[0-9]+: //' || true
+grep -E 'Test +#[0-9]+:|tests passed|RESULT |BANDWIDTH |OVERHEAD |VERSIONS ' "$ctest_log" | sed -E 's/^[0-9]+: //' || true
 
 trainer="$build_dir/examples/cuda_trainer"
 declare -A trainer_line
@@ -322,6 +322,22 @@ fi
     echo "| --- | --- | --- | --- | --- | --- |"
     grep -o 'BANDWIDTH .*' "$ctest_log" | sed -E \
       's/.*regions=([0-9]+) region_bytes=([0-9]+) runtime_copy_GBps=([0-9.]+) cudaMemcpyBatchAsync_GBps=([0-9.inf]+) cudaMemcpyAsync_GBps=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 | \5 | \6 |/'
+  else
+    echo "Not measured (no GPU)."
+  fi
+  echo
+  echo "## The Manager's overhead per step"
+  echo
+  if grep -q 'OVERHEAD ' "$ctest_log"; then
+    echo "One Bucketer step (mark_ready of 4 gradients, finalize) over a plain NCCL communicator, and the"
+    echo "same step over a Manager of one replica (start_quorum, the step, should_commit's vote) with"
+    echo "\`nccl::manager_factory\` on a \`replica_stream\`; world size 1, mean of 20 steps after 3 warm-ups,"
+    echo "the device drained after each (gpu.device_paths, case manager.overhead_per_step)."
+    echo
+    echo "| gradient bytes | plain NCCL ms | Manager ms | ratio |"
+    echo "| --- | --- | --- | --- |"
+    grep -o 'OVERHEAD .*' "$ctest_log" | sed -E \
+      's/.*bytes=([0-9]+) plain_nccl_ms=([0-9.]+) manager_ms=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 |/'
   else
     echo "Not measured (no GPU)."
   fi

@@ -4,15 +4,25 @@
 //   process goes on to create a working 1-rank communicator (check (b));
 // - staged.two_ranks_one_gpu: ddp::staged::communicator over the thread backend, two ranks sharing
 //   one GPU through the CUDA runtime's page-locked memory and gates: device allreduces correct
-//   and stream-ordered (the transport for replicas that cannot share an NCCL clique).
+//   and stream-ordered (the transport for replicas that cannot share an NCCL clique);
+// - manager.overhead_per_step: the same Bucketer step (64 MiB of f32 gradients in 4 tensors) over
+//   a plain NCCL communicator and over a Manager (one replica, nccl::manager_factory on a
+//   replica_stream), timed in one run: the Manager's overhead per step (check (c)); prints an
+//   OVERHEAD line that scripts/gpu-check.sh tabulates.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <vector>
 
+#include <ddp/bucketer.hpp>
+#include <ddp/bucketing/fixed.hpp>
 #include <ddp/cuda/runtime.hpp>
+#include <ddp/manager.hpp>
+#include <ddp/nccl/manager_factory.hpp>
+#include <ddp/stores/memory_store.hpp>
 #include <ddp/local/communicator.hpp>
 #include <ddp/nccl.hpp>
 #include <ddp/staged/communicator.hpp>
@@ -77,6 +87,64 @@ GPU_CASE("staged.two_ranks_one_gpu") {
       GPU_CHECK_EQ(after[i], 48.0f * static_cast<float>(i % 13));
     }
   });
+}
+
+// Mean milliseconds of `steps` calls of `step` after 3 warm-ups, the device drained after each.
+template <class Step>
+double mean_ms(int steps, Step&& step) {
+  for (int i = 0; i < 3; ++i) step();
+  gpu_test::cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    step();
+    gpu_test::cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+}
+
+GPU_CASE("manager.overhead_per_step") {
+  constexpr std::size_t per_tensor = std::size_t{4} << 20;  // 4 x 16 MiB of f32
+  std::deque<device_buffer<float>> grads;                   // not movable: a deque never moves them
+  for (int i = 0; i < 4; ++i) grads.emplace_back(0, std::vector<float>(per_tensor, 1.0f));
+  const auto step_of = [&](auto& bucketer) {
+    return [&] {
+      for (std::size_t i = grads.size(); i-- > 0;) bucketer.mark_ready(i);
+      bucketer.finalize();
+    };
+  };
+  double plain = 0, managed = 0;
+  {
+    auto c = ddp::nccl::communicator::create(ddp::nccl::unique_id::generate(), 0, 1, 0, {.timeout = 60s});
+    ddp::Bucketer<ddp::bucketing::fixed> b(c);
+    for (auto& g : grads) b.add(g.view());
+    b.build();
+    plain = mean_ms(20, step_of(b));
+  }
+  {
+    ddp::stores::memory_store store;
+    ddp::nccl::replica_stream gpu(0);
+    ddp::training_state state;
+    ddp::manager_options opts;
+    opts.replica_id = "r0";
+    opts.min_replicas = 1;
+    opts.device_queue = gpu.queue();
+    ddp::Manager m(store, ddp::nccl::manager_factory(gpu, {.timeout = 60s}), state, opts);
+    ddp::Bucketer<ddp::bucketing::fixed> b(m);
+    for (auto& g : grads) b.add(g.view());
+    m.attach(b);
+    const auto inner = step_of(b);
+    bool committed = true;
+    managed = mean_ms(20, [&] {
+      m.start_quorum();
+      inner();
+      committed = m.should_commit() && committed;
+    });
+    GPU_CHECK(committed);
+    GPU_CHECK(m.step() == 23);
+  }
+  std::printf("OVERHEAD bytes=%zu plain_nccl_ms=%.3f manager_ms=%.3f ratio=%.3f\n", 4 * per_tensor * sizeof(float),
+              plain, managed, managed / plain);
+  std::fflush(stdout);
 }
 
 }  // namespace
