@@ -334,10 +334,10 @@ fi
     echo "\`nccl::manager_factory\` on a \`replica_stream\`; world size 1, mean of 20 steps after 3 warm-ups,"
     echo "the device drained after each (gpu.device_paths, case manager.overhead_per_step)."
     echo
-    echo "| gradient bytes | plain NCCL ms | Manager ms | ratio |"
-    echo "| --- | --- | --- | --- |"
+    echo "| gradient bytes | NCCL, blocking mode, ms | NCCL, non-blocking (default), ms | Manager ms | Manager / non-blocking |"
+    echo "| --- | --- | --- | --- | --- |"
     grep -o 'OVERHEAD .*' "$ctest_log" | sed -E \
-      's/.*bytes=([0-9]+) plain_nccl_ms=([0-9.]+) manager_ms=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 |/'
+      's/.*bytes=([0-9]+) blocking_nccl_ms=([0-9.]+) plain_nccl_ms=([0-9.]+) manager_ms=([0-9.]+) ratio=([0-9.]+).*/| \1 | \2 | \3 | \4 | \5 |/'
   else
     echo "Not measured (no GPU)."
   fi

@@ -6,9 +6,10 @@
 //   one GPU through the CUDA runtime's page-locked memory and gates: device allreduces correct
 //   and stream-ordered (the transport for replicas that cannot share an NCCL clique);
 // - manager.overhead_per_step: the same Bucketer step (64 MiB of f32 gradients in 4 tensors) over
-//   a plain NCCL communicator and over a Manager (one replica, nccl::manager_factory on a
-//   replica_stream), timed in one run: the Manager's overhead per step (check (c)); prints an
-//   OVERHEAD line that scripts/gpu-check.sh tabulates.
+//   a plain NCCL communicator (blocking, then non-blocking as by default) and over a Manager (one
+//   replica, nccl::manager_factory on a replica_stream), timed in one run: the cost of the
+//   non-blocking mode and the Manager's overhead per step (check (c)); prints an OVERHEAD line
+//   that scripts/gpu-check.sh tabulates.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -112,13 +113,14 @@ GPU_CASE("manager.overhead_per_step") {
       bucketer.finalize();
     };
   };
-  double plain = 0, managed = 0;
-  {
-    auto c = ddp::nccl::communicator::create(ddp::nccl::unique_id::generate(), 0, 1, 0, {.timeout = 60s});
+  double blocking = 0, plain = 0, managed = 0;
+  for (const bool bounded : {false, true}) {  // NCCL's blocking mode, then the default non-blocking one
+    auto c = ddp::nccl::communicator::create(ddp::nccl::unique_id::generate(), 0, 1, 0,
+                                             {.timeout = 60s, .bounded_init = bounded});
     ddp::Bucketer<ddp::bucketing::fixed> b(c);
     for (auto& g : grads) b.add(g.view());
     b.build();
-    plain = mean_ms(20, step_of(b));
+    (bounded ? plain : blocking) = mean_ms(20, step_of(b));
   }
   {
     ddp::stores::memory_store store;
@@ -142,8 +144,8 @@ GPU_CASE("manager.overhead_per_step") {
     GPU_CHECK(committed);
     GPU_CHECK(m.step() == 23);
   }
-  std::printf("OVERHEAD bytes=%zu plain_nccl_ms=%.3f manager_ms=%.3f ratio=%.3f\n", 4 * per_tensor * sizeof(float),
-              plain, managed, managed / plain);
+  std::printf("OVERHEAD bytes=%zu blocking_nccl_ms=%.3f plain_nccl_ms=%.3f manager_ms=%.3f ratio=%.3f\n",
+              4 * per_tensor * sizeof(float), blocking, plain, managed, managed / plain);
   std::fflush(stdout);
 }
 

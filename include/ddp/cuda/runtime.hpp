@@ -7,11 +7,11 @@
 /// Which CUDA call each operation is, the current device, errors and threads:
 /// docs/gpu-training.md ("The CUDA runtime").
 
+#include <cuda.h>  // the driver API's types, for cuStreamWaitValue32 (reached through the runtime)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -81,33 +81,48 @@ namespace detail {
   return true;
 }
 
-/// A gate: a flag the host opens and the host functions of waiting streams block on; freed by
-/// the last of its owner and those host functions.
-struct gate_state {
-  std::mutex m;
-  std::condition_variable opened;
-  bool is_open = false;
-  std::atomic<int> refs{1};  // the owner's
+/// `cuStreamWaitValue32`, reached through the runtime's driver entry point (no link to libcuda).
+using stream_wait_value32 = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-  void open() noexcept {
-    {
-      std::lock_guard lk(m);
-      is_open = true;
+/// The words gates are made of: 32-bit words of page-locked host memory mapped into the device's
+/// address space, reused (freeing page-locked memory waits for the device), freed with the runtime.
+class gate_words {
+ public:
+  gate_words() = default;
+  gate_words(const gate_words&) = delete;
+  gate_words& operator=(const gate_words&) = delete;
+  ~gate_words() {
+    for (std::uint32_t* w : all_) (void)cudaFreeHost(w);
+  }
+  /// A word set to 0 (closed). @throws communication_error
+  std::uint32_t* take(int rank) {
+    std::lock_guard lk(m_);
+    std::uint32_t* w = nullptr;
+    if (!free_.empty()) {
+      w = free_.back();
+      free_.pop_back();
+    } else {
+      all_.reserve(all_.size() + 1);
+      free_.reserve(all_.size() + 1);  // give_back never allocates
+      void* p = nullptr;
+      check_cuda(cudaHostAlloc(&p, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable), rank,
+                 "cuda::runtime::create_gate", "cudaHostAlloc");
+      w = static_cast<std::uint32_t*>(p);
+      all_.push_back(w);
     }
-    opened.notify_all();
+    std::atomic_ref<std::uint32_t>(*w).store(0, std::memory_order_release);
+    return w;
   }
-  void release() noexcept {
-    if (refs.fetch_sub(1) == 1) delete this;
+  /// Back for reuse (the stream passed its wait).
+  void give_back(std::uint32_t* w) noexcept {
+    std::lock_guard lk(m_);
+    free_.push_back(w);  // capacity reserved in take
   }
-  // A host function (cudaHostFn_t): runs on CUDA's callback thread, makes no CUDA call.
-  static void CUDART_CB wait_and_release(void* self) {
-    auto* g = static_cast<gate_state*>(self);
-    {
-      std::unique_lock lk(g->m);
-      g->opened.wait(lk, [g] { return g->is_open; });
-    }
-    g->release();
-  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::uint32_t*> all_;
+  std::vector<std::uint32_t*> free_;
 };
 
 }  // namespace detail
@@ -281,23 +296,33 @@ class runtime final : public device_runtime {
   void deallocate_host(void* memory) noexcept override {
     if (memory != nullptr && cudaFreeHost(memory) != cudaSuccess) (void)cudaGetLastError();
   }
-  /// A host-side flag; the stream waits for it in a host function (`cudaLaunchHostFunc`) that
-  /// blocks until the gate opens. Host functions of a process may run one at a time: a stream
-  /// behind a closed gate can delay the host functions of other streams, never the device's work.
-  [[nodiscard]] device_gate create_gate() override { return {new detail::gate_state()}; }
+  /// A word of page-locked host memory mapped into the device, 0 while closed. Gates are reused:
+  /// `destroy_gate` only once the stream passed its wait.
   /// @throws communication_error
+  [[nodiscard]] device_gate create_gate() override { return {gate_words_.take(rank_)}; }
+  /// `cuStreamWaitValue32(stream, word, 1, GEQ)`: the device waits for the word, no host thread
+  /// does. @throws communication_error, also where the driver lacks stream memory operations
   void wait_gate(device_stream stream, device_gate gate) override {
-    auto* g = static_cast<detail::gate_state*>(gate.native);
-    g->refs.fetch_add(1);
-    const cudaError_t status = cudaLaunchHostFunc(native(stream), &detail::gate_state::wait_and_release, g);
-    if (status != cudaSuccess) g->release();
-    check_cuda(status, rank_, "cuda::runtime::wait_gate", "cudaLaunchHostFunc");
+    const char* const operation = "cuda::runtime::wait_gate";
+    void* on_device = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&on_device, gate.native, 0), rank_, operation, "cudaHostGetDevicePointer");
+    const CUresult r = stream_wait_value()(static_cast<CUstream>(stream.native),
+                                           reinterpret_cast<CUdeviceptr>(on_device), 1, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      throw communication_error(rank_, operation,
+                                "cuStreamWaitValue32 failed with CUresult " + std::to_string(static_cast<int>(r)) +
+                                    " (does the driver offer stream memory operations?)");
+    }
   }
+  /// Writes 1 to the gate's word (any thread).
   void open_gate(device_gate gate) noexcept override {
-    if (gate.native != nullptr) static_cast<detail::gate_state*>(gate.native)->open();
+    if (gate.native != nullptr) {
+      std::atomic_ref<std::uint32_t>(*static_cast<std::uint32_t*>(gate.native)).store(1, std::memory_order_release);
+    }
   }
+  /// Back for reuse; the stream must have passed its wait.
   void destroy_gate(device_gate gate) noexcept override {
-    if (gate.native != nullptr) static_cast<detail::gate_state*>(gate.native)->release();
+    if (gate.native != nullptr) gate_words_.give_back(static_cast<std::uint32_t*>(gate.native));
   }
 
  private:
@@ -344,8 +369,32 @@ class runtime final : public device_runtime {
     }
   }
 
+  // cuStreamWaitValue32 from the driver, looked up once. @throws communication_error if absent
+  detail::stream_wait_value32 stream_wait_value() {
+    std::call_once(wait_value_once_, [this] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+      const cudaError_t e =
+          cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
+#else
+      const cudaError_t e = cudaGetDriverEntryPoint("cuStreamWaitValue32", &fn, cudaEnableDefault, &found);
+#endif
+      if (e == cudaSuccess && found == cudaDriverEntryPointSuccess)
+        wait_value_ = reinterpret_cast<detail::stream_wait_value32>(fn);
+    });
+    if (wait_value_ == nullptr) {
+      throw communication_error(rank_, "cuda::runtime::wait_gate",
+                                "the CUDA driver has no cuStreamWaitValue32: gates (ddp::staged) need it");
+    }
+    return wait_value_;
+  }
+
   int rank_;
   detail::batched_copy_kernel kernel_;  // loaded at the first copy it serves
+  detail::gate_words gate_words_;       // gates, reused
+  std::once_flag wait_value_once_;
+  detail::stream_wait_value32 wait_value_ = nullptr;
 };
 
 }  // namespace ddp::cuda

@@ -9,6 +9,7 @@
 /// the same bits. Fault injection (`options::faults`) makes a rank fail, stall or leave at a given
 /// operation, deterministically.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -342,9 +343,9 @@ class communicator {
 
   /// Marks this rank gone: pending calls of every rank fail with communication_error, later calls
   /// of this rank throw usage_error.
+  /// Safe from another thread than the one calling collectives (a staged communicator's owner).
   void abort() noexcept {
-    if (aborted_ || !g_) return;
-    aborted_ = true;
+    if (!g_ || aborted().exchange(true)) return;
     std::lock_guard lk(g_->m);
     mark_dead("aborted its communicator");
   }
@@ -355,7 +356,7 @@ class communicator {
  private:
   // The calling rank, for the contract checks (backend_contract.hpp); refuses every call after abort().
   contract::caller caller(const char* name) const {
-    if (aborted_) throw usage_error(rank_, name, "communicator used after abort()");
+    if (aborted().load()) throw usage_error(rank_, name, "communicator used after abort()");
     return {rank_, size(), seq_, g_->opts.timeout, contract::memory_rule::host("the local backend")};
   }
 
@@ -396,7 +397,7 @@ class communicator {
       switch (f.what) {
         case fault::kind::delay: std::this_thread::sleep_for(f.delay); break;
         case fault::kind::fail: {
-          aborted_ = true;
+          aborted().store(true);
           std::lock_guard lk(g_->m);
           mark_dead("failed (injected fault)");
           throw communication_error(rank_, info.describe(), "injected failure");
@@ -409,7 +410,10 @@ class communicator {
   std::shared_ptr<detail::group> g_;
   int rank_ = 0;
   std::uint64_t seq_ = 0;
-  bool aborted_ = false;
+  // Atomic through atomic_ref (abort() may come from another thread), a plain bool so that the
+  // communicator stays movable.
+  alignas(std::atomic_ref<bool>::required_alignment) mutable bool aborted_ = false;
+  [[nodiscard]] std::atomic_ref<bool> aborted() const noexcept { return std::atomic_ref<bool>(aborted_); }
 };
 
 static_assert(ddp::communicator<communicator>);

@@ -332,7 +332,9 @@ class communicator {
     const char* const operation = "nccl::communicator::revoke";
     ncclComm_t comm = state_->management_handle(operation);
     device_guard on_device(device(), rank(), operation);
-    check_nccl(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), rank(), operation, "ncclCommRevoke", comm);
+    // Non-blocking (bounded_init): the revoke goes on in NCCL's thread; wait_quiescent waits for it.
+    const ncclResult_t started = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+    if (started != ncclInProgress) check_nccl(started, rank(), operation, "ncclCommRevoke", comm);
     state_->mark_revoked("rank " + std::to_string(rank()) + " revoked it");
     wait_quiescent(comm, operation);
   }
@@ -360,12 +362,25 @@ class communicator {
     auto next = std::make_shared<detail::comm_state>(rank(), size(), device(), state_->opts);
     next->acquire(operation);
     const int flags = mode == shrink_mode::abort_pending ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
-    ncclComm_t shrunk = nullptr;
+    // Non-blocking (bounded_init): NCCL's thread writes the new handle when the shrink finished,
+    // so it goes straight into `next` (heap memory), which releases it whatever happens.
+    const auto deadline = clock::now() + state_->opts.timeout;
     const ncclResult_t started =
-        ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &shrunk, nullptr, flags);
-    next->comm = shrunk;  // from here on `next` releases it (aborts it if it never finished)
-    detail::check_settled(started, shrunk != nullptr ? shrunk : comm, rank(), operation, "ncclCommShrink",
-                          state_->opts.timeout);
+        ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &next->comm, nullptr, flags);
+    const ncclResult_t r = detail::settle(comm, started, deadline);
+    if (r == ncclInProgress) {  // aborting the parent ends NCCL's shrink job before `next` may go
+      state_->abort("its shrink did not finish in time");
+      throw timeout_error(rank(), operation,
+                          "ncclCommShrink did not finish within " + std::to_string(state_->opts.timeout.count()) +
+                              " ms; the communicator was aborted");
+    }
+    check_nccl(r, rank(), operation, "ncclCommShrink", comm);
+    if (next->comm == nullptr) {
+      throw communication_error(rank(), operation, "ncclCommShrink reported success without a communicator");
+    }
+    detail::check_settled(ncclInProgress, next->comm, rank(), operation, "ncclCommShrink (the new communicator)",
+                          std::max(std::chrono::milliseconds(0),
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now())));
     if (mode == shrink_mode::abort_pending) {
       state_->mark_revoked("rank " + std::to_string(rank()) + " shrank it, aborting pending work");
     }
@@ -481,14 +496,24 @@ class communicator {
     for (const tensor_view& t : ts) {
       if (t.count > 0) enqueue(t);
     }
-    group.end(comm, state_->opts.timeout);
+    try {
+      group.end(comm, state_->opts.timeout);
+    } catch (const timeout_error& e) {  // NCCL's thread may still enqueue on the stream: stop it
+      state_->abort(e.message());
+      throw;
+    }
   }
 
   // check_nccl for a collective's enqueue: on a non-blocking communicator it may report
   // ncclInProgress, which is waited for (up to the timeout) before the stream may be used.
   void check_enqueued(ncclResult_t started, int rank, std::string_view what, std::string_view call,
                       ncclComm_t comm) const {
-    detail::check_settled(started, comm, rank, what, call, state_->opts.timeout);
+    try {
+      detail::check_settled(started, comm, rank, what, call, state_->opts.timeout);
+    } catch (const timeout_error& e) {  // NCCL's thread may still enqueue on the stream: stop it
+      state_->abort(e.message());
+      throw;
+    }
   }
 
   // Common path of every collective: refuse after abort, select the device, enqueue, then record

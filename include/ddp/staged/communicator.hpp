@@ -154,10 +154,13 @@ class staged_work final : public work_state {
   staged_work(std::shared_ptr<state> s, std::shared_ptr<job> j)
       : work_state(j->info), s_(std::move(s)), j_(std::move(j)) {}
 
+  // Complete, or failed, only once the stream passed the copies back: the caller may then reuse
+  // the tensors (after a failure their contents are undefined, as with NCCL).
   bool poll() override {
     if (!j_->finished.load(std::memory_order_acquire)) return false;
+    if (j_->done && !s_->rt->query(j_->done)) return false;  // no event: recycled, its copies long done
     if (j_->error) std::rethrow_exception(j_->error);
-    return !j_->done || s_->rt->query(j_->done);  // no event: recycled, its copies long done
+    return true;
   }
   /// On the deadline the communicator is aborted (its thread gives up on the collective).
   bool wait_until(clock::time_point deadline) override {
@@ -205,7 +208,12 @@ class communicator : public single_tensor_calls<communicator> {
     }
     s_->owns_stream = !opts.stream.has_value();
     s_->stream = opts.stream ? *opts.stream : rt.create_stream(where);
-    worker_ = std::thread([s = s_] { s->run(); });
+    try {
+      worker_ = std::thread([s = s_] { s->run(); });
+    } catch (...) {
+      if (s_->owns_stream) rt.destroy_stream(s_->stream);
+      throw;
+    }
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -380,21 +388,43 @@ class communicator : public single_tensor_calls<communicator> {
     s_->cv.notify_all();
   }
 
-  // A device call: `in` copied to the host buffer (`copy_in`), the host collective over `host_views`,
-  // `out` copied back behind the gate. Offsets are the regions' places in the buffer.
+  // A device call: `in` copied to the host buffer, the host collective over its views, `out`
+  // copied back behind the gate. Whatever fails, no gate stays closed on the stream: what can fail
+  // is created before anything is enqueued, and once the gate is enqueued a failure opens it.
   work run_device(const std::shared_ptr<detail::job>& j, std::span<const copy_region> in,
                   std::span<const copy_region> out) {
     device_runtime& rt = *s_->rt;
-    rt.copy(in, s_->stream);
-    j->staged = rt.create_event(s_->where);
-    rt.record(j->staged, s_->stream);
-    j->gate = rt.create_gate();
-    rt.wait_gate(s_->stream, j->gate);
-    rt.copy(out, s_->stream);
-    j->done = rt.create_event(s_->where);
-    rt.record(j->done, s_->stream);
-    in_flight_.push_back(j);
-    push(j);
+    in_flight_.emplace_back();  // its buffer stays taken until the stream passed the copies back
+    try {
+      j->staged = rt.create_event(s_->where);
+      j->done = rt.create_event(s_->where);
+      j->gate = rt.create_gate();
+    } catch (...) {
+      in_flight_.pop_back();
+      release(*j);
+      throw;
+    }
+    in_flight_.back() = j;
+    bool gated = false;
+    try {
+      rt.copy(in, s_->stream);
+      rt.record(j->staged, s_->stream);
+      rt.wait_gate(s_->stream, j->gate);
+      gated = true;
+      rt.copy(out, s_->stream);
+      rt.record(j->done, s_->stream);
+      push(j);
+    } catch (...) {
+      j->error = std::current_exception();
+      if (!gated) {  // nothing waits for the gate; mark where the stream is, for the buffer's release
+        try {
+          rt.record(j->done, s_->stream);
+        } catch (...) {  // never recorded: counts as complete
+        }
+      }
+      s_->finish(*j);  // opens the gate
+      throw;
+    }
     return work(std::make_unique<detail::staged_work>(s_, j));
   }
 

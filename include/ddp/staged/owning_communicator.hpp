@@ -22,6 +22,12 @@ class owning_communicator {
   owning_communicator(Host host, device_runtime& rt, device where, options opts = {})
       : host_(std::make_unique<Host>(std::move(host))),
         staged_(std::make_unique<communicator>(*host_, rt, where, std::move(opts))) {}
+  /// Takes over both; the source may only be destroyed.
+  owning_communicator(owning_communicator&&) noexcept = default;
+  /// Not assignable: the old host communicator must outlive the old staged one.
+  owning_communicator& operator=(owning_communicator&&) = delete;
+  /// The staged communicator goes first (its thread uses the host one).
+  ~owning_communicator() = default;
 
   /// This rank.
   [[nodiscard]] int rank() const { return staged_->rank(); }
