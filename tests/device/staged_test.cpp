@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -206,6 +207,28 @@ TEST_CASE("staged communicator: a dead peer and abort fail the works and open th
         rt.deallocate(a, s);
       },
       2s);
+}
+
+TEST_CASE("staged communicator: a work waited for on another thread while later calls recycle buffers",
+          "[device][staged]") {
+  // A Bucketer's progress thread may wait on a work while the trainer issues the next collectives,
+  // which return finished jobs' buffers to the pool: the work's events must stay valid.
+  on_ranks(2, [](ddp::communicator_ref host) {
+    emu::runtime rt(host.rank());
+    ddp::staged::communicator c(host, rt, gpu0);
+    float* a = device_floats(rt, 256, [](std::size_t) { return 1.0F; });
+    float* b = device_floats(rt, 256, [](std::size_t) { return 1.0F; });
+    for (int round = 0; round < 20; ++round) {
+      ddp::work first = allreduce(c, dview(a, 256), ddp::reduce_op::max);
+      std::thread waiter([&] { first.wait(); });
+      for (int k = 0; k < 5; ++k) allreduce(c, dview(b, 256), ddp::reduce_op::max).wait();
+      waiter.join();
+    }
+    sync(rt, c.device_queue().stream);
+    SUITE_EXPECT(a[0] == 1.0F && b[255] == 1.0F, "max of ones: " << a[0] << ", " << b[255]);
+    rt.deallocate(a, c.device_queue().stream);
+    rt.deallocate(b, c.device_queue().stream);
+  });
 }
 
 TEST_CASE("staged communicator: wrong memory is a usage_error naming the call", "[device][staged]") {

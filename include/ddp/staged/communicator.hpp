@@ -52,8 +52,19 @@ struct options {
 
 namespace detail {
 
-/// One collective on its way through the communicator's thread.
+/// One collective on its way through the communicator's thread. Its events and gate live as long
+/// as it does (a work handle may poll from another thread until then); its buffer goes back to the
+/// pool as soon as the stream passed the copies back.
 struct job {
+  explicit job(device_runtime& r) noexcept : rt(&r) {}
+  job(const job&) = delete;
+  job& operator=(const job&) = delete;
+  ~job() {
+    if (staged) rt->destroy_event(staged);
+    if (done) rt->destroy_event(done);
+    if (gate) rt->destroy_gate(gate);
+  }
+  device_runtime* rt;
   op_info info;
   std::function<work(communicator_ref)> issue;  // the host collective over host memory
   device_event staged{};                        // after the copies to the host; none for a host call
@@ -158,7 +169,7 @@ class staged_work final : public work_state {
   // the tensors (after a failure their contents are undefined, as with NCCL).
   bool poll() override {
     if (!j_->finished.load(std::memory_order_acquire)) return false;
-    if (j_->done && !s_->rt->query(j_->done)) return false;  // no event: recycled, its copies long done
+    if (j_->done && !s_->rt->query(j_->done)) return false;
     if (j_->error) std::rethrow_exception(j_->error);
     return true;
   }
@@ -359,15 +370,7 @@ class communicator : public single_tensor_calls<communicator> {
       in_flight_.pop_front();
     }
   }
-  void release(detail::job& j) {
-    s_->pool.give_back(std::move(j.buffer));
-    if (j.staged) s_->rt->destroy_event(j.staged);
-    if (j.done) s_->rt->destroy_event(j.done);
-    if (j.gate) s_->rt->destroy_gate(j.gate);
-    j.staged = {};
-    j.done = {};
-    j.gate = {};
-  }
+  void release(detail::job& j) { s_->pool.give_back(std::move(j.buffer)); }
 
   // A host call: run on the thread in order, complete on return.
   work run_host(const std::shared_ptr<detail::job>& j) {
@@ -430,7 +433,7 @@ class communicator : public single_tensor_calls<communicator> {
 
   template <class Issue>
   work submit_list(const op_info& info, std::span<const tensor_view> ts, bool host, bool copy_in, Issue issue) {
-    auto j = std::make_shared<detail::job>();
+    auto j = std::make_shared<detail::job>(*s_->rt);
     j->info = info;
     if (host) {
       j->issue = [views = std::vector<tensor_view>(ts.begin(), ts.end()), issue](communicator_ref c) {
@@ -460,7 +463,7 @@ class communicator : public single_tensor_calls<communicator> {
 
   template <class Issue>
   work submit_pair(const op_info& info, tensor_view in, tensor_view out, bool host, bool in_place, Issue issue) {
-    auto j = std::make_shared<detail::job>();
+    auto j = std::make_shared<detail::job>(*s_->rt);
     j->info = info;
     if (host) {
       j->issue = [in, out, issue](communicator_ref c) { return issue(c, in, out); };
