@@ -159,11 +159,24 @@ elif [ ! -f /usr/include/openssl/evp.h ] || [ ! -f /usr/include/xxhash.h ]; then
   say "no OpenSSL headers or xxhash.h here: run scripts/gpu-deps.sh on the development machine and carry build/gpu-deps"
 fi
 
+# gloo, for the replica processes of gpu.staged_replicas: installed here, or carried in build/gpu-deps.
+gloo_args=(-DDDP_ENABLE_GLOO=OFF)
+if [ -f "$root/build/gpu-deps/include/gloo/allreduce.h" ] && [ -e "$root/build/gpu-deps/lib/libgloo.so" ]; then
+  gloo_args=(-DDDP_ENABLE_GLOO=ON "-DDDP_GLOO_INCLUDE_DIR=$root/build/gpu-deps/include"
+    "-DDDP_GLOO_LIBRARY=$root/build/gpu-deps/lib/libgloo.so")
+  say "gloo: carried (build/gpu-deps)"
+elif [ -f /usr/include/gloo/allreduce.h ]; then
+  gloo_args=(-DDDP_ENABLE_GLOO=ON)
+  say "gloo: installed"
+else
+  say "no gloo: gpu.staged_replicas is not built (scripts/gpu-deps.sh packs gloo where it is installed)"
+fi
+
 # ---- configure and build ---------------------------------------------------------------------
 generator=()
 if command -v ninja >/dev/null 2>&1 && [ ! -f "$build_dir/CMakeCache.txt" ]; then generator=(-G Ninja); fi
 step cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DDDP_ENABLE_MPI=OFF -DDDP_ENABLE_GLOO=OFF -DDDP_ENABLE_TORCH=OFF -DDDP_ENABLE_EIGEN=OFF \
+  -DDDP_ENABLE_MPI=OFF "${gloo_args[@]}" -DDDP_ENABLE_TORCH=OFF -DDDP_ENABLE_EIGEN=OFF \
   -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCH=OFF -DDDP_INSTALL=OFF \
   -DDDP_NCCL_GPU_TESTS=ON "${nccl_args[@]}" "${dep_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-} || die "cmake configure failed (see $log)"
 cache="$build_dir/CMakeCache.txt"
