@@ -42,8 +42,8 @@ const ddp::device gpu0 = ddp::device::cuda(0);
 
 struct plan {
   std::string id;
-  std::int64_t kill_at = -1;      // SIGKILLs itself after start_quorum() of this step
-  std::int64_t start_after = 0;   // waits until the job committed this many steps
+  std::int64_t kill_at = -1;     // SIGKILLs itself after start_quorum() of this step
+  std::int64_t start_after = 0;  // waits until the job committed this many steps
 };
 
 std::uint64_t fnv(const std::vector<float>& v, std::uint64_t h = 0xcbf29ce484222325ull) {
@@ -70,7 +70,8 @@ int replica(const std::filesystem::path& dir, const plan& p) {
   float* momentum = static_cast<float*>(rt.allocate(gpu0, dim * sizeof(float), compute));
   float* grad = static_cast<float*>(rt.allocate(gpu0, dim * sizeof(float), compute));
   std::vector<float> hw(dim), hm(dim, 0.0f), hg(dim);
-  for (std::size_t k = 0; k < dim; ++k) hw[k] = static_cast<float>(p.id == "a" ? 1 : 2) + 1e-3f * static_cast<float>(k % 97);
+  for (std::size_t k = 0; k < dim; ++k)
+    hw[k] = static_cast<float>(p.id == "a" ? 1 : 2) + 1e-3f * static_cast<float>(k % 97);
   const auto sync = [&](ddp::device_stream s) {
     const ddp::device_event e = rt.create_event(gpu0);
     rt.record(e, s);
@@ -91,7 +92,8 @@ int replica(const std::filesystem::path& dir, const plan& p) {
   sync(compute);
 
   ddp::training_state state;
-  state.add(ddp::tensor_view{w, dim, ddp::dtype::f32, gpu0}).add(ddp::tensor_view{momentum, dim, ddp::dtype::f32, gpu0});
+  state.add(ddp::tensor_view{w, dim, ddp::dtype::f32, gpu0})
+      .add(ddp::tensor_view{momentum, dim, ddp::dtype::f32, gpu0});
   ddp::manager_options opts;
   opts.replica_id = p.id;
   opts.min_replicas = 1;
@@ -108,7 +110,8 @@ int replica(const std::filesystem::path& dir, const plan& p) {
       store,
       [&](const ddp::quorum_info& q) {
         return ddp::any_communicator(ddp::staged::owning_communicator<ddp::gloo::communicator>(
-            ddp::gloo::communicator(q.store, q.rank, q.size, go), rt, gpu0, {.timeout = 10s, .stream = replica_stream}));
+            ddp::gloo::communicator(q.store, q.rank, q.size, go), rt, gpu0,
+            {.timeout = 10s, .stream = replica_stream}));
       },
       state, opts);
   ddp::Bucketer<ddp::bucketing::fixed> grads(m);
@@ -120,7 +123,8 @@ int replica(const std::filesystem::path& dir, const plan& p) {
     const std::int64_t s = m.step();
     if (s == p.kill_at) ::raise(SIGKILL);
     download(hw, w);  // the "backward pass" on the host: the same function of w on every replica
-    for (std::size_t k = 0; k < dim; ++k) hg[k] = hw[k] - std::sin(0.3f * static_cast<float>(s) + 1e-4f * static_cast<float>(k));
+    for (std::size_t k = 0; k < dim; ++k)
+      hg[k] = hw[k] - std::sin(0.3f * static_cast<float>(s) + 1e-4f * static_cast<float>(k));
     upload(grad, hg);
     grads.mark_ready(0);
     grads.finalize();
@@ -193,14 +197,16 @@ int main() {
     ::waitpid(pids[i], &status, 0);
     const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (i == 1 ? !killed : !ok) failure += "process " + std::to_string(i) + " ended with status " + std::to_string(status) + "; ";
+    if (i == 1 ? !killed : !ok)
+      failure += "process " + std::to_string(i) + " ended with status " + std::to_string(status) + "; ";
   }
   ddp::stores::file_store store(dir);
   const auto a = store.get("result/a");
   const auto b = store.get("result/b");
   const std::string ra = a ? ddp::to_text(*a) : "missing", rb = b ? ddp::to_text(*b) : "missing";
   std::printf("replica a: %s\nreplica b (restarted): %s\n", ra.c_str(), rb.c_str());
-  if (ra == "missing" || rb == "missing" || ra.substr(0, 16) != rb.substr(0, 16)) failure += "the replicas' state differs; ";
+  if (ra == "missing" || rb == "missing" || ra.substr(0, 16) != rb.substr(0, 16))
+    failure += "the replicas' state differs; ";
   if (rb.find("healed 0") != std::string::npos) failure += "the restarted replica did not heal; ";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
